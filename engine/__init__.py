@@ -1,0 +1,34 @@
+"""The step engine: one embedded thread serving many diffusion requests step by step.
+
+Never imports gradio: the studio and the HTTP API sit on top of this package.
+"""
+
+from engine.engine import Engine
+from engine.events import Aborted, Completed, Event, Failed, Progress, Queued, RequestHandle, Started, Timings
+from engine.limits import AdmissionError, EngineClosedError, QueueFullError, ServingLimits, SessionLimitError
+from engine.request import RequestStatus
+from engine.snapshot import EngineSnapshot, EngineStats, RequestView
+from pipelines.params import GenerationParams
+
+__all__ = [
+    "Aborted",
+    "AdmissionError",
+    "Completed",
+    "Engine",
+    "EngineClosedError",
+    "EngineSnapshot",
+    "EngineStats",
+    "Event",
+    "Failed",
+    "GenerationParams",
+    "Progress",
+    "QueueFullError",
+    "Queued",
+    "RequestHandle",
+    "RequestStatus",
+    "RequestView",
+    "ServingLimits",
+    "SessionLimitError",
+    "Started",
+    "Timings",
+]

@@ -1,0 +1,380 @@
+"""The embedded engine: one thread that owns the scheduler, the request states and the device.
+
+Other threads talk to it only through a command queue (submit, cancel, stop) and read
+what it publishes (request handles' events, snapshots, metrics). Its loop is the three
+calls of vLLM's EngineCore.step: schedule -> execute -> update.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import random
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from dataclasses import dataclass, replace
+
+from engine.events import RequestHandle
+from engine.limits import EngineClosedError, QueueFullError, ServingLimits, SessionLimitError
+from engine.metrics import EngineMetrics
+from engine.request import Request, RequestStatus
+from engine.runner import ModelRunner
+from engine.scheduler import Mode, Scheduler
+from engine.snapshot import EngineSnapshot, EngineStats, RequestView, StageStats
+from pipelines.interface import PipelineInfo, StepPipeline, resolve_defaults
+from pipelines.params import GenerationParams
+
+log = logging.getLogger(__name__)
+
+_SEED_RANGE = 2**32  # random seeds stay short enough to type back in
+
+
+@dataclass(frozen=True)
+class _Submit:
+    request: Request
+
+
+@dataclass(frozen=True)
+class _Cancel:
+    request_id: str
+    reason: str
+    requested_at: float
+
+
+@dataclass(frozen=True)
+class _Stop:
+    reason: str
+
+
+class Engine:
+    """Serve many generation requests by advancing them one co-batched denoise step at a time.
+
+    >>> engine = Engine(pipeline, mode="step", max_batch=8); engine.start()
+    >>> handle = engine.submit(GenerationParams(prompt="a red circle"), session_id="tab-1")
+    >>> final = handle.result()          # or: async for event in handle.stream(): ...
+    >>> engine.close()
+    """
+
+    def __init__(
+        self,
+        pipeline: StepPipeline,
+        mode: Mode = "step",
+        max_batch: int = 8,
+        limits: ServingLimits | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.limits = limits or ServingLimits()
+        self.metrics = EngineMetrics()
+        self._scheduler = Scheduler(mode=mode, max_batch=max_batch)
+        self._runner = ModelRunner(pipeline)
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._arrivals = itertools.count()
+        # Written by callers under the lock (admission control, cancel ownership).
+        self._lock = threading.Lock()
+        self._owner: dict[str, str] = {}  # unfinished request id -> session id
+        self._in_flight_by_session: Counter[str] = Counter()
+        # Written by the engine thread only.
+        self._forwards_by_batch_size: Counter[int] = Counter()
+        self._finished_counts: Counter[str] = Counter()
+        self._recent_steps: deque[tuple[float, int]] = deque(maxlen=256)  # (time, rows)
+        self._stage_means = {"encode_s": None, "denoise_step_s": None, "decode_s": None}
+        self._first_preview_seen: set[str] = set()
+        self._phase = "idle"
+        self._snapshot = self._build_snapshot()
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def info(self) -> PipelineInfo:
+        return self.pipeline.info
+
+    @property
+    def mode(self) -> str:
+        return self._scheduler.mode
+
+    @property
+    def max_batch(self) -> int:
+        return self._scheduler.max_batch
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> "Engine":
+        if self._thread is not None:
+            raise RuntimeError("Engine.start() was already called.")
+        self._thread = threading.Thread(target=self._loop, name="stepstudio-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def prepare_params(self, params: GenerationParams) -> GenerationParams:
+        """Fill in model defaults and a seed, then apply model and server limits (ValueError)."""
+        params = resolve_defaults(params, self.pipeline.info.defaults)
+        if params.seed is None:
+            params = replace(params, seed=random.SystemRandom().randrange(_SEED_RANGE))
+        self.pipeline.validate(params)
+        self.limits.check(params)
+        return params
+
+    def submit(self, params: GenerationParams, session_id: str = "default") -> RequestHandle:
+        """Queue a request; returns at once. Raises ValueError for bad parameters and
+        AdmissionError (QueueFullError, SessionLimitError, EngineClosedError) when full or closed."""
+        try:
+            params = self.prepare_params(params)
+        except ValueError:
+            self.metrics.requests_rejected.labels("invalid").inc()
+            raise
+        request_id = uuid.uuid4().hex
+        with self._lock:
+            if self._closed:
+                raise EngineClosedError("the engine is shutting down; no new requests are accepted.")
+            if len(self._owner) >= self.limits.max_queue:
+                self.metrics.requests_rejected.labels("queue_full").inc()
+                raise QueueFullError(
+                    f"the queue is full ({self.limits.max_queue} requests in flight); try again shortly."
+                )
+            if self._in_flight_by_session[session_id] >= self.limits.max_per_session:
+                self.metrics.requests_rejected.labels("session_limit").inc()
+                raise SessionLimitError(
+                    f"this session already has {self._in_flight_by_session[session_id]} requests in flight "
+                    f"(limit {self.limits.max_per_session}); wait for one to finish or cancel one."
+                )
+            self._owner[request_id] = session_id
+            self._in_flight_by_session[session_id] += 1
+        handle = RequestHandle(request_id=request_id, session_id=session_id, params=params, _cancel=self.cancel)
+        request = Request(
+            request_id=request_id,
+            session_id=session_id,
+            params=params,
+            batch_key=self.pipeline.batch_key(params),
+            handle=handle,
+            arrival_index=next(self._arrivals),
+            submitted_at=time.perf_counter(),
+        )
+        self.metrics.requests_submitted.inc()
+        self._commands.put(_Submit(request))
+        return handle
+
+    def cancel(self, request_id: str, session_id: str | None = None, *, admin: bool = False) -> bool:
+        """Abort a request at the next step boundary. Non-blocking.
+
+        Only its own session may cancel it (or `admin=True`): PermissionError otherwise.
+        Returns False when the request is unknown or already finished."""
+        with self._lock:
+            owner = self._owner.get(request_id)
+        if owner is None:
+            return False
+        if not admin and owner != session_id:
+            raise PermissionError(f"request {request_id[:8]} belongs to another session; it can't be cancelled from here.")
+        self._commands.put(_Cancel(request_id, "cancelled by the user", time.perf_counter()))
+        return True
+
+    def snapshot(self) -> EngineSnapshot:
+        return self._snapshot
+
+    def session_of(self, request_id: str) -> str | None:
+        with self._lock:
+            return self._owner.get(request_id)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop accepting work, end every pending request (Aborted) and stop the thread."""
+        with self._lock:
+            self._closed = True
+        if self._thread is None:
+            return
+        self._commands.put(_Stop("the engine was shut down"))
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the engine thread did not stop within {timeout} s")
+
+    @property
+    def states_in_memory(self) -> int:
+        """Request states the runner holds (0 whenever the engine is idle)."""
+        return len(self._runner.states)
+
+    # ------------------------------------------------------------------ engine thread
+    def _loop(self) -> None:
+        try:
+            while self._handle_commands(block=not self._scheduler.has_work):
+                self.step()
+        except Exception:  # pragma: no cover - a bug in the engine itself
+            log.exception("the engine thread crashed; ending every request")
+            self._scheduler.abort_all("the engine stopped after an internal error")
+        finally:
+            self._release_finished()
+            self._runner.free(list(self._runner.states))
+            self._phase = "stopped"
+            self._publish()
+
+    def _handle_commands(self, block: bool) -> bool:
+        """Apply queued commands; False when the engine must stop."""
+        try:
+            command = self._commands.get() if block else self._commands.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            if isinstance(command, _Stop):
+                self._scheduler.abort_all(command.reason)
+                self._drain_submissions(command.reason)
+                return False
+            if isinstance(command, _Submit):
+                self._scheduler.add(command.request)
+            elif isinstance(command, _Cancel):
+                if self._scheduler.abort(command.request_id, command.reason):
+                    self._runner.free(self._scheduler.take_freed())
+                    self.metrics.cancel_latency.observe(time.perf_counter() - command.requested_at)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+        self._release_finished()
+        self._publish()
+        return True
+
+    def _drain_submissions(self, reason: str) -> None:
+        """Requests submitted after the stop command but before the thread ended."""
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _Submit):
+                self._scheduler.add(command.request)
+                self._scheduler.abort(command.request.request_id, reason)
+
+    def step(self) -> None:
+        """One engine step: schedule -> execute -> update. Runs on the engine thread."""
+        scheduled = self._scheduler.schedule()
+        if scheduled.is_empty:
+            return
+        for request in scheduled.new:
+            self.metrics.admission_latency.observe(request.started_at - request.submitted_at)
+        self._phase = "denoise"
+        started = time.perf_counter()
+        output = self._runner.execute(scheduled)
+        self._scheduler.update(output)
+        elapsed = time.perf_counter() - started
+        self._phase = "idle"
+
+        self.metrics.step_seconds.observe(elapsed)
+        if output.batch_size:
+            self.metrics.batch_size.observe(output.batch_size)
+            self._forwards_by_batch_size[output.batch_size] += 1
+            self._recent_steps.append((time.perf_counter(), output.batch_size))
+        times = self._runner.last_times
+        self._update_stage_mean("encode_s", times.encode_s)
+        self._update_stage_mean("decode_s", times.decode_s)
+        if output.batch_size:
+            self._update_stage_mean("denoise_step_s", [times.forward_s + times.scheduler_s])
+        for row in output.rows:
+            if row.preview is not None and row.request_id not in self._first_preview_seen:
+                self._first_preview_seen.add(row.request_id)
+                request = next((r for r in scheduled.batch if r.request_id == row.request_id), None)
+                if request is not None:
+                    self.metrics.first_preview_latency.observe(time.perf_counter() - request.submitted_at)
+        self._release_finished()
+        self._publish()
+
+    def _update_stage_mean(self, name: str, samples: list[float]) -> None:
+        for sample in samples:
+            previous = self._stage_means[name]
+            # Exponential moving average: recent work matters most, noise is smoothed.
+            self._stage_means[name] = sample if previous is None else 0.8 * previous + 0.2 * sample
+
+    def _release_finished(self) -> None:
+        finished = self._scheduler.take_finished()
+        if not finished:
+            return
+        with self._lock:
+            for request in finished:
+                self._owner.pop(request.request_id, None)
+                self._in_flight_by_session[request.session_id] -= 1
+                if self._in_flight_by_session[request.session_id] <= 0:
+                    del self._in_flight_by_session[request.session_id]
+        for request in finished:
+            status = request.status.name.removeprefix("FINISHED_").lower()
+            self._finished_counts[status] += 1
+            self.metrics.requests_finished.labels(status).inc()
+            self._first_preview_seen.discard(request.request_id)
+            if request.status == RequestStatus.FINISHED_COMPLETED:
+                self.metrics.request_latency.observe(request.finished_at - request.submitted_at)
+            elif request.status == RequestStatus.FINISHED_ERROR:
+                self.metrics.errors.labels(getattr(request.handle.last_event, "stage", "engine")).inc()
+
+    # ------------------------------------------------------------------ snapshots
+    def _publish(self) -> None:
+        self._snapshot = self._build_snapshot()
+        self.metrics.queue_depth.set(self._scheduler.num_waiting)
+        self.metrics.running.set(self._scheduler.num_running)
+
+    def _steps_per_s(self, now: float, window_s: float = 5.0) -> float:
+        recent = [(t, rows) for t, rows in self._recent_steps if now - t <= window_s]
+        if len(recent) < 2:
+            return 0.0
+        span = max(now - recent[0][0], 1e-6)
+        return sum(rows for _, rows in recent) / span
+
+    def _build_snapshot(self) -> EngineSnapshot:
+        now = time.perf_counter()
+        scheduler = self._scheduler
+        step_s = self._stage_means["denoise_step_s"]
+        batch = set(scheduler.current_batch)
+        groups = max(1, len({r.batch_key for r in scheduler.requests.values()}))
+        views: list[RequestView] = []
+        running = [r for r in scheduler.requests.values() if r.status == RequestStatus.RUNNING]
+        for request in sorted(running, key=lambda r: r.arrival_index):
+            remaining = request.total_steps - request.steps_done
+            in_batch = request.request_id in batch
+            views.append(
+                RequestView(
+                    request_id=request.request_id,
+                    session_id=request.session_id,
+                    prompt=request.params.prompt,
+                    state="running",
+                    step=request.steps_done,
+                    total=request.total_steps,
+                    position=None,
+                    submitted_at=request.submitted_at,
+                    started_at=request.started_at,
+                    batch_mates=tuple(b for b in scheduler.current_batch if b != request.request_id) if in_batch else (),
+                    eta_s=None if step_s is None else remaining * step_s * groups,
+                )
+            )
+        # Waiting requests: ETA = the work queued ahead of them spread over max_batch slots.
+        ahead_steps = sum(r.total_steps - r.steps_done for r in running)
+        for position, request in enumerate(scheduler.waiting_order(), start=1):
+            eta = None
+            if step_s is not None:
+                eta = (ahead_steps / scheduler.max_batch + request.total_steps) * step_s
+            views.append(
+                RequestView(
+                    request_id=request.request_id,
+                    session_id=request.session_id,
+                    prompt=request.params.prompt,
+                    state="waiting",
+                    step=0,
+                    total=request.total_steps,
+                    position=position,
+                    submitted_at=request.submitted_at,
+                    started_at=None,
+                    batch_mates=(),
+                    eta_s=eta,
+                )
+            )
+            ahead_steps += request.total_steps
+        stats = EngineStats(
+            mode=scheduler.mode,
+            max_batch=scheduler.max_batch,
+            current_batch_size=len(batch & scheduler.requests.keys()),
+            steps_per_s=self._steps_per_s(now),
+            forwards=sum(self._forwards_by_batch_size.values()),
+            forwards_by_batch_size=dict(self._forwards_by_batch_size),
+            finished=dict(self._finished_counts),
+            stages=StageStats(**self._stage_means),
+            phase=self._phase,
+        )
+        return EngineSnapshot(taken_at=now, requests=tuple(views), stats=stats)

@@ -1,0 +1,164 @@
+"""Events the engine sends about one request, and the handle a caller reads them from.
+
+The engine thread emits; any number of consumers read, from threads (`handle.events()`)
+or from asyncio (`async for event in handle.stream()`), without polling: thread readers
+block on a queue, asyncio readers are woken through `loop.call_soon_threadsafe`.
+A consumer that subscribes late first receives every event emitted so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterator, Union
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+    from pipelines.params import GenerationParams
+
+
+@dataclass(frozen=True)
+class Queued:
+    position: int  # 1 = next to be admitted
+
+
+@dataclass(frozen=True)
+class Started:
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int  # steps done, 1..total
+    total: int
+    batch_size: int  # rows in the forward that made this step
+    preview: "Image.Image | None" = None
+
+
+@dataclass(frozen=True)
+class Timings:
+    submitted_at: float
+    started_at: float  # first denoise step began (admission)
+    finished_at: float
+
+    @property
+    def queue_s(self) -> float:
+        return self.started_at - self.submitted_at
+
+    @property
+    def total_s(self) -> float:
+        return self.finished_at - self.submitted_at
+
+
+@dataclass(frozen=True)
+class Completed:
+    images: "tuple[Image.Image, ...]"  # one image, or the frames of a video
+    seed: int
+    params: "GenerationParams"
+    timings: Timings
+    is_video: bool = False
+
+
+@dataclass(frozen=True)
+class Aborted:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+    stage: str = "engine"  # which step-protocol method failed (or "engine")
+
+
+Event = Union[Queued, Started, Progress, Completed, Aborted, Failed]
+FINAL_EVENTS = (Completed, Aborted, Failed)
+
+
+@dataclass
+class RequestHandle:
+    """The caller's side of one submitted request."""
+
+    request_id: str
+    session_id: str
+    params: "GenerationParams"  # complete: model defaults and seed filled in
+    _cancel: Callable[[str, str], None] = field(repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _history: list = field(default_factory=list, repr=False)
+    _listeners: list = field(default_factory=list, repr=False)
+
+    @property
+    def seed(self) -> int:
+        return self.params.seed
+
+    # --- engine side ---
+    def emit(self, event: Event) -> None:
+        with self._lock:
+            self._history.append(event)
+            listeners = list(self._listeners)
+        for deliver in listeners:
+            deliver(event)
+
+    @property
+    def last_event(self) -> "Event | None":
+        with self._lock:
+            return self._history[-1] if self._history else None
+
+    # --- consumer side ---
+    def cancel(self) -> None:
+        """Ask the engine to abort this request at the next step boundary (non-blocking)."""
+        self._cancel(self.request_id, self.session_id)
+
+    def _subscribe(self, deliver: Callable[[Event], None]) -> Callable[[], None]:
+        with self._lock:
+            for event in self._history:
+                deliver(event)
+            self._listeners.append(deliver)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if deliver in self._listeners:
+                    self._listeners.remove(deliver)
+
+        return unsubscribe
+
+    def events(self, timeout: float | None = None) -> Iterator[Event]:
+        """Blocking iterator for threads; ends after the final event.
+
+        Raises TimeoutError when no event arrives within `timeout` seconds."""
+        inbox: queue.SimpleQueue = queue.SimpleQueue()
+        unsubscribe = self._subscribe(inbox.put)
+        try:
+            while True:
+                try:
+                    event = inbox.get(timeout=timeout)
+                except queue.Empty:
+                    raise TimeoutError(f"no event for request {self.request_id} in {timeout} s") from None
+                yield event
+                if isinstance(event, FINAL_EVENTS):
+                    return
+        finally:
+            unsubscribe()
+
+    async def stream(self) -> AsyncIterator[Event]:
+        """Async iterator for asyncio code; ends after the final event."""
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue = asyncio.Queue()
+        unsubscribe = self._subscribe(lambda event: loop.call_soon_threadsafe(inbox.put_nowait, event))
+        try:
+            while True:
+                event = await inbox.get()
+                yield event
+                if isinstance(event, FINAL_EVENTS):
+                    return
+        finally:
+            unsubscribe()
+
+    def result(self, timeout: float | None = None) -> Event:
+        """Block until the request ends; returns its final event (Completed, Aborted or Failed)."""
+        final = None
+        for final in self.events(timeout=timeout):
+            pass
+        return final

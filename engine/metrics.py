@@ -1,0 +1,50 @@
+"""Prometheus metrics of one engine (its own registry, so several engines can coexist in tests)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# Buckets sized for both a CPU toy model (ms) and real GPU models (seconds).
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+class EngineMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests_finished = Counter(
+            "stepstudio_requests_finished", "Requests that ended, by final status", ["status"], registry=r
+        )
+        self.requests_submitted = Counter("stepstudio_requests_submitted", "Requests accepted into the queue", registry=r)
+        self.requests_rejected = Counter(
+            "stepstudio_requests_rejected", "Submissions refused before queueing", ["reason"], registry=r
+        )
+        self.errors = Counter("stepstudio_errors", "Requests ended by an error, by failing stage", ["stage"], registry=r)
+        self.queue_depth = Gauge("stepstudio_queue_depth", "Requests waiting to be admitted", registry=r)
+        self.running = Gauge("stepstudio_running_requests", "Requests admitted and not finished", registry=r)
+        self.batch_size = Histogram(
+            "stepstudio_batch_size", "Rows per model forward", buckets=_BATCH_BUCKETS, registry=r
+        )
+        self.step_seconds = Histogram(
+            "stepstudio_step_seconds", "Wall time of one engine step (forward + updates)", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.request_latency = Histogram(
+            "stepstudio_request_latency_seconds", "Submit to final image", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.admission_latency = Histogram(
+            "stepstudio_admission_latency_seconds",
+            "Submit to first denoise step",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.first_preview_latency = Histogram(
+            "stepstudio_first_preview_seconds", "Submit to first live preview", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.cancel_latency = Histogram(
+            "stepstudio_cancel_latency_seconds", "Cancel call to slot freed", buckets=_LATENCY_BUCKETS, registry=r
+        )
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every metric of this engine."""
+        return generate_latest(self.registry)

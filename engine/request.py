@@ -1,0 +1,48 @@
+"""A request as the engine's scheduler tracks it (its tensors live in the runner's state cache)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Hashable
+
+from engine.events import RequestHandle
+from pipelines.params import GenerationParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Ordered: a request only ever moves to a larger value."""
+
+    WAITING = 0
+    RUNNING = 1
+    FINISHED_COMPLETED = 2
+    FINISHED_ABORTED = 3
+    FINISHED_ERROR = 4
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_COMPLETED
+
+
+@dataclass
+class Request:
+    # --- fixed at submission ---
+    request_id: str
+    session_id: str
+    params: GenerationParams  # complete (defaults and seed resolved)
+    batch_key: Hashable
+    handle: RequestHandle
+    arrival_index: int  # global submission order, for FIFO tie-breaks
+
+    # --- written only by the scheduler ---
+    status: RequestStatus = RequestStatus.WAITING
+    steps_done: int = 0
+    submitted_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    abort_reason: str | None = None  # set when a cancel is requested; applied at the next boundary
+    cancel_requested_at: float | None = None
+
+    @property
+    def total_steps(self) -> int:
+        return self.params.num_inference_steps

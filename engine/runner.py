@@ -1,0 +1,154 @@
+"""The model runner: executes one scheduled step on the pipeline and owns the request states.
+
+Failure isolation lives here: an exception in any step-protocol method ends only the
+request it belongs to. When a batched forward raises, the rows are re-run one by one to
+find the culprit, and the healthy rows go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.scheduler import RowResult, RunnerOutput, SchedulerOutput
+from pipelines.interface import Batch, RequestState, StepPipeline
+
+log = logging.getLogger(__name__)
+
+
+def _failure(request_id: str, stage: str, exc: BaseException) -> RowResult:
+    return RowResult(request_id, error=f"{stage} failed: {type(exc).__name__}: {exc}", error_stage=stage)
+
+
+@dataclass
+class StageTimes:
+    """Wall time of the last executed step, per stage (for the graph view and metrics)."""
+
+    encode_s: list[float] = field(default_factory=list)  # one per newly admitted request
+    forward_s: float = 0.0
+    scheduler_s: float = 0.0
+    decode_s: list[float] = field(default_factory=list)  # one per finished request
+    preview_s: list[float] = field(default_factory=list)
+
+
+class ModelRunner:
+    def __init__(self, pipeline: StepPipeline) -> None:
+        self.pipeline = pipeline
+        self.states: dict[str, RequestState] = {}  # request id -> state; empty when idle
+        self.last_times = StageTimes()
+
+    def free(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self.states.pop(request_id, None)
+
+    def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
+        times = StageTimes()
+        self.last_times = times
+        errors: dict[str, RowResult] = {}
+
+        for request in scheduled.new:
+            state = RequestState(request_id=request.request_id, params=request.params)
+            started = time.perf_counter()
+            try:
+                self.pipeline.prepare_encode(state)
+            except Exception as exc:  # noqa: BLE001 - isolate the failing request
+                log.exception("prepare_encode failed for %s", request.request_id)
+                errors[request.request_id] = _failure(request.request_id, "prepare_encode", exc)
+                continue
+            times.encode_s.append(time.perf_counter() - started)
+            self.states[request.request_id] = state
+
+        rows = [self.states[r.request_id] for r in scheduled.batch if r.request_id not in errors]
+        predictions, forward_errors = self._forward(rows, times)
+        errors.update(forward_errors)
+
+        results = list(errors.values())
+        started = time.perf_counter()
+        for state in rows:
+            if state.request_id in forward_errors:
+                continue
+            results.append(self._advance(state, predictions[state.request_id], times))
+        times.scheduler_s = time.perf_counter() - started - sum(times.decode_s) - sum(times.preview_s)
+
+        for row in results:
+            if row.error is not None or row.images:
+                self.states.pop(row.request_id, None)
+        forwarded = len(rows) - len(forward_errors)
+        return RunnerOutput(rows=tuple(results), batch_size=forwarded if predictions else 0)
+
+    # ------------------------------------------------------------------ helpers
+    def _forward(self, rows: list[RequestState], times: StageTimes):
+        """One forward for all rows; on failure, one forward per row to find the culprit."""
+        if not rows:
+            return {}, {}
+        started = time.perf_counter()
+        try:
+            predictions = self._checked_forward(rows)
+            times.forward_s = time.perf_counter() - started
+            return predictions, {}
+        except Exception:  # noqa: BLE001
+            if len(rows) == 1:
+                log.exception("denoise_step failed for %s", rows[0].request_id)
+            else:
+                log.warning("batched denoise_step failed; re-running %d rows one by one", len(rows))
+        predictions, errors = {}, {}
+        for state in rows:
+            try:
+                predictions.update(self._checked_forward([state]))
+            except Exception as exc:  # noqa: BLE001
+                errors[state.request_id] = _failure(state.request_id, "denoise_step", exc)
+        times.forward_s = time.perf_counter() - started
+        return predictions, errors
+
+    def _checked_forward(self, rows: list[RequestState]) -> dict[str, torch.Tensor]:
+        output = self.pipeline.denoise_step(Batch(tuple(rows)))
+        if len(output) != len(rows):
+            raise RuntimeError(
+                f"denoise_step returned {len(output)} predictions for a batch of {len(rows)} rows; "
+                "a pipeline must return exactly one prediction per row, in row order."
+            )
+        return {state.request_id: prediction for state, prediction in zip(rows, output)}
+
+    def _advance(self, state: RequestState, prediction: torch.Tensor, times: StageTimes) -> RowResult:
+        request_id = state.request_id
+        try:
+            self.pipeline.step_scheduler(state, prediction)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("step_scheduler failed for %s", request_id)
+            return _failure(request_id, "step_scheduler", exc)
+        if state.latents is not None and not bool(torch.isfinite(state.latents).all()):
+            return RowResult(
+                request_id,
+                error=f"latents became NaN or infinite at step {state.step_index}/{state.total_steps}; "
+                "try another seed, fewer steps or a lower guidance scale.",
+                error_stage="step_scheduler",
+            )
+
+        if state.is_denoised:
+            started = time.perf_counter()
+            try:
+                images = self.pipeline.post_decode(state)
+            except Exception as exc:  # noqa: BLE001
+                log.exception("post_decode failed for %s", request_id)
+                return _failure(request_id, "post_decode", exc)
+            times.decode_s.append(time.perf_counter() - started)
+            return RowResult(
+                request_id,
+                steps_done=state.step_index,
+                images=tuple(images),
+                is_video=self.pipeline.info.output_kind == "video",
+            )
+
+        preview = None
+        every = state.params.preview_every
+        if every and state.step_index % every == 0:
+            started = time.perf_counter()
+            try:
+                preview = self.pipeline.preview(state)
+            except Exception:  # noqa: BLE001 - a preview is a nicety, never fatal
+                log.exception("preview failed for %s; continuing without it", request_id)
+            times.preview_s.append(time.perf_counter() - started)
+        return RowResult(request_id, steps_done=state.step_index, preview=preview)

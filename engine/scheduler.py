@@ -1,0 +1,245 @@
+"""The service scheduler: decides, at every step boundary, which requests run the next forward.
+
+It is the only place that changes a request's status. Policy:
+
+- Requests share a forward only when their batch keys are equal ("a group").
+- Groups with work take turns, one step each (round-robin), so an incompatible request
+  never waits behind a long-running group and no group starves.
+- Step mode: the chosen group's running requests plus waiting ones of the same key,
+  up to `max_batch`, run one step together; a newcomer joins at the next boundary.
+- Request mode: once a group of up to `max_batch` requests is admitted it runs alone
+  until all of its members finish (the classic "one batch at a time" server).
+- Admission is fair across sessions: among waiting requests the one whose session has
+  the fewest requests running goes first, then the oldest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Hashable, Literal
+
+from engine.events import Aborted, Completed, Failed, Progress, Queued, Started, Timings
+from engine.request import Request, RequestStatus
+
+Mode = Literal["step", "request"]
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    batch: tuple[Request, ...] = ()  # rows of the next forward, in row order
+    new: tuple[Request, ...] = ()  # admitted now: the runner must prepare_encode them first
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.batch
+
+
+@dataclass(frozen=True)
+class RowResult:
+    """What the runner reports for one request after a step."""
+
+    request_id: str
+    steps_done: int = 0
+    preview: object = None  # a small PIL image, or None
+    images: tuple = ()  # decoded media when the request finished denoising
+    is_video: bool = False
+    error: str | None = None
+    error_stage: str = "engine"
+
+
+@dataclass(frozen=True)
+class RunnerOutput:
+    rows: tuple[RowResult, ...]
+    batch_size: int  # rows in the forward that ran (0 if every row failed before it)
+
+
+@dataclass
+class _Group:
+    running: list[Request] = field(default_factory=list)
+    waiting: list[Request] = field(default_factory=list)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+
+class Scheduler:
+    def __init__(self, mode: Mode = "step", max_batch: int = 8) -> None:
+        if mode not in ("step", "request"):
+            raise ValueError(f"mode={mode!r} is not supported: use 'step' or 'request'.")
+        if max_batch < 1:
+            raise ValueError(f"max_batch={max_batch} must be at least 1.")
+        self.mode: Mode = mode
+        self.max_batch = max_batch
+        self.requests: dict[str, Request] = {}  # every unfinished request
+        self._groups: dict[Hashable, _Group] = {}
+        self._turns: deque[Hashable] = deque()  # round-robin order of group keys
+        self._running_by_session: dict[str, int] = {}
+        self._freed: list[str] = []  # running requests ended outside a step: the runner frees them
+        self._finished: list[Request] = []  # ended since the last take_finished()
+        self._last_position: dict[str, int] = {}
+        self.current_batch: tuple[str, ...] = ()
+
+    # ---------------------------------------------------------------- queries
+    @property
+    def has_work(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(len(g.waiting) for g in self._groups.values())
+
+    @property
+    def num_running(self) -> int:
+        return sum(len(g.running) for g in self._groups.values())
+
+    def waiting_order(self) -> list[Request]:
+        """Waiting requests in the order they would be admitted (1st = position 1)."""
+        waiting = [r for g in self._groups.values() for r in g.waiting]
+        return sorted(waiting, key=self._admission_rank)
+
+    # ---------------------------------------------------------------- commands
+    def add(self, request: Request) -> None:
+        request.submitted_at = request.submitted_at or time.perf_counter()
+        self.requests[request.request_id] = request
+        group = self._groups.get(request.batch_key)
+        if group is None:
+            group = self._groups[request.batch_key] = _Group()
+            self._turns.append(request.batch_key)
+        group.waiting.append(request)
+        self._publish_positions()
+
+    def abort(self, request_id: str, reason: str) -> bool:
+        """End a waiting or running request now (we are between steps). False if already ended."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return False
+        request.cancel_requested_at = time.perf_counter()
+        was_running = request.status == RequestStatus.RUNNING
+        self._finish(request, RequestStatus.FINISHED_ABORTED, Aborted(reason))
+        if was_running:
+            self._freed.append(request_id)
+        self._publish_positions()
+        return True
+
+    def abort_all(self, reason: str) -> None:
+        for request_id in list(self.requests):
+            self.abort(request_id, reason)
+
+    def take_freed(self) -> list[str]:
+        freed, self._freed = self._freed, []
+        return freed
+
+    def take_finished(self) -> list[Request]:
+        finished, self._finished = self._finished, []
+        return finished
+
+    # ---------------------------------------------------------------- schedule
+    def schedule(self) -> SchedulerOutput:
+        key = self._next_group_key()
+        if key is None:
+            self.current_batch = ()
+            return SchedulerOutput()
+        group = self._groups[key]
+        new: list[Request] = []
+        may_admit = self.mode == "step" or not group.running
+        if may_admit:
+            free_slots = self.max_batch - len(group.running)
+            for request in sorted(group.waiting, key=self._admission_rank)[: max(free_slots, 0)]:
+                new.append(request)
+                self._admit(group, request)
+        batch = tuple(group.running[: self.max_batch])
+        now = time.perf_counter()
+        for request in new:
+            request.started_at = now
+            request.handle.emit(Started(batch_size=len(batch)))
+        if new:
+            self._publish_positions()
+        self.current_batch = tuple(r.request_id for r in batch)
+        return SchedulerOutput(batch=batch, new=tuple(new))
+
+    def _next_group_key(self) -> Hashable | None:
+        if self.mode == "request":
+            # A request-batch in flight keeps the engine until it is done.
+            for key, group in self._groups.items():
+                if group.running:
+                    return key
+        for _ in range(len(self._turns)):
+            key = self._turns[0]
+            self._turns.rotate(-1)
+            if self._groups[key].has_work:
+                return key
+        return None
+
+    def _admission_rank(self, request: Request) -> tuple[int, int]:
+        return (self._running_by_session.get(request.session_id, 0), request.arrival_index)
+
+    def _admit(self, group: _Group, request: Request) -> None:
+        group.waiting.remove(request)
+        group.running.append(request)
+        request.status = RequestStatus.RUNNING
+        self._running_by_session[request.session_id] = self._running_by_session.get(request.session_id, 0) + 1
+
+    # ---------------------------------------------------------------- update
+    def update(self, output: RunnerOutput) -> None:
+        now = time.perf_counter()
+        for row in output.rows:
+            request = self.requests.get(row.request_id)
+            if request is None:  # aborted while its step ran
+                continue
+            if row.error is not None:
+                self._finish(request, RequestStatus.FINISHED_ERROR, Failed(row.error, stage=row.error_stage))
+                continue
+            request.steps_done = row.steps_done
+            request.handle.emit(
+                Progress(
+                    step=row.steps_done,
+                    total=request.total_steps,
+                    batch_size=output.batch_size,
+                    preview=row.preview,
+                )
+            )
+            if row.images:
+                timings = Timings(request.submitted_at, request.started_at, now)
+                self._finish(
+                    request,
+                    RequestStatus.FINISHED_COMPLETED,
+                    Completed(
+                        images=tuple(row.images),
+                        seed=request.params.seed,
+                        params=request.params,
+                        timings=timings,
+                        is_video=row.is_video,
+                    ),
+                )
+        self._publish_positions()
+
+    def _finish(self, request: Request, status: RequestStatus, event) -> None:
+        group = self._groups[request.batch_key]
+        if request.status == RequestStatus.RUNNING:
+            group.running.remove(request)
+            self._running_by_session[request.session_id] -= 1
+            if not self._running_by_session[request.session_id]:
+                del self._running_by_session[request.session_id]
+        else:
+            group.waiting.remove(request)
+        if not group.has_work:
+            del self._groups[request.batch_key]
+            self._turns.remove(request.batch_key)
+        request.status = status
+        request.finished_at = time.perf_counter()
+        if isinstance(event, Aborted):
+            request.abort_reason = event.reason
+        del self.requests[request.request_id]
+        self._last_position.pop(request.request_id, None)
+        self._finished.append(request)
+        request.handle.emit(event)
+
+    def _publish_positions(self) -> None:
+        """Tell each waiting request its queue position when it changed."""
+        for position, request in enumerate(self.waiting_order(), start=1):
+            if self._last_position.get(request.request_id) != position:
+                self._last_position[request.request_id] = position
+                request.handle.emit(Queued(position=position))

@@ -1,0 +1,149 @@
+"""The step protocol: how the engine drives a diffusion model one denoise step at a time.
+
+One request's life, as the engine's runner sees it:
+
+    prepare_encode(state)                  once: text encoding, initial latents, the
+                                           request's OWN noise scheduler and timesteps
+    [denoise_step(batch) -> predictions    one model forward for every row of the batch;
+     step_scheduler(state, prediction)]    rows may be at different step indices
+        x num_inference_steps
+    post_decode(state) -> media            VAE decode + postprocess
+
+A pipeline never decides who runs; the engine never looks inside a state's tensors.
+Requests share a forward only when their `batch_key` is equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Hashable, Literal, Protocol, Sequence, runtime_checkable
+
+from pipelines.params import GenerationParams
+
+if TYPE_CHECKING:  # torch is only needed by the concrete pipelines
+    import torch
+    from PIL import Image
+
+
+@dataclass
+class RequestState:
+    """Everything one request carries between steps. Grouped by who writes each field."""
+
+    # --- identity and parameters: written by the engine when the request is admitted ---
+    request_id: str
+    params: GenerationParams
+
+    # --- conditioning: written by prepare_encode (text embeddings, CFG rows, ...) ---
+    conditioning: Any = None
+
+    # --- denoising progress: prepare_encode sets them, step_scheduler advances them ---
+    latents: "torch.Tensor | None" = None
+    timesteps: "torch.Tensor | None" = None
+    step_index: int = 0
+    # The request's own noise scheduler (a deep copy of a pristine template): never shared.
+    noise_scheduler: Any = None
+    generator: "torch.Generator | None" = None
+
+    # --- model-private data (a pipeline-specific dataclass), opaque to the engine ---
+    extra: Any = None
+
+    @property
+    def total_steps(self) -> int:
+        return 0 if self.timesteps is None else len(self.timesteps)
+
+    @property
+    def is_denoised(self) -> bool:
+        return self.timesteps is not None and self.step_index >= len(self.timesteps)
+
+    @property
+    def current_timestep(self) -> "torch.Tensor":
+        return self.timesteps[self.step_index]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The rows of one model forward, in order. Built by the runner for every step."""
+
+    states: tuple[RequestState, ...]
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    @property
+    def request_ids(self) -> tuple[str, ...]:
+        return tuple(s.request_id for s in self.states)
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    """Serving defaults of a checkpoint: what an unset GenerationParams field becomes."""
+
+    width: int
+    height: int
+    num_inference_steps: int
+    guidance_scale: float
+    negative_prompt: str | None = None
+    num_frames: int = 1
+    example_prompts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PipelineInfo:
+    """What the UI and the API may show about the loaded model (no tensors)."""
+
+    name: str
+    family: str
+    output_kind: Literal["image", "video"]
+    defaults: ModelDefaults
+    uses_negative_prompt: bool
+    size_multiple: int
+    schedulers: tuple[str, ...] = ()
+    # Stages drawn in the pipeline graph view, in order.
+    stages: tuple[str, ...] = ("prompt", "encode", "denoise", "decode", "media")
+    extras: dict[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class StepPipeline(Protocol):
+    """A model adapter the engine can drive step by step."""
+
+    info: PipelineInfo
+
+    def validate(self, params: GenerationParams) -> None:
+        """Raise ValueError (naming field, value and what is allowed) for model-specific limits."""
+
+    def batch_key(self, params: GenerationParams) -> Hashable:
+        """A frozen value: requests share a forward only when their keys are equal."""
+
+    def prepare_encode(self, state: RequestState) -> None:
+        """Encode the prompt, make initial latents from the request's own generator,
+        give the request its own noise scheduler and timesteps."""
+
+    def denoise_step(self, batch: Batch) -> Sequence["torch.Tensor"]:
+        """ONE forward for all rows; returns one prediction per row, in row order."""
+
+    def step_scheduler(self, state: RequestState, prediction: "torch.Tensor") -> None:
+        """Advance the request's latents with its own noise scheduler; step_index += 1."""
+
+    def post_decode(self, state: RequestState) -> "list[Image.Image]":
+        """Decode the final latents to images (or video frames)."""
+
+    def preview(self, state: RequestState) -> "Image.Image | None":
+        """A cheap small RGB preview of the current prediction (no VAE decode), or None."""
+
+
+def resolve_defaults(params: GenerationParams, defaults: ModelDefaults) -> GenerationParams:
+    """Fill the fields a user left unset with the model's defaults (the seed stays as given)."""
+    from dataclasses import replace
+
+    return replace(
+        params,
+        width=defaults.width if params.width is None else params.width,
+        height=defaults.height if params.height is None else params.height,
+        num_inference_steps=(
+            defaults.num_inference_steps if params.num_inference_steps is None else params.num_inference_steps
+        ),
+        guidance_scale=defaults.guidance_scale if params.guidance_scale is None else params.guidance_scale,
+        negative_prompt=defaults.negative_prompt if params.negative_prompt is None else params.negative_prompt,
+        num_frames=defaults.num_frames if params.num_frames is None else params.num_frames,
+    )

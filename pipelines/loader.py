@@ -1,0 +1,98 @@
+"""Load a model by name, folder or hub id and wrap it in the step pipeline of its family.
+
+The family is chosen from `model_index.json`'s `_class_name`. Weights load with
+`use_safetensors=True` only: a checkpoint is never unpickled.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipelines.interface import StepPipeline
+
+# diffusers pipeline class -> "module:class" of our step pipeline for that family.
+FAMILIES: dict[str, str] = {
+    "FluxPipeline": "pipelines.flux:FluxStepPipeline",
+}
+
+BUILTIN_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "shapes-flux"
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    device: str | None = None  # None: cuda when available, else cpu
+    dtype: str | None = None  # None: bfloat16 on cuda, float32 on cpu
+    scheduler: str | None = None  # default noise scheduler name (None: the checkpoint's)
+
+
+def resolve_device_dtype(options: LoadOptions):
+    import torch
+
+    device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if options.dtype is None:
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    elif options.dtype in names:
+        dtype = names[options.dtype]
+    else:
+        raise ValueError(f"dtype={options.dtype!r} is not supported; use one of {sorted(names)}.")
+    return torch.device(device), dtype
+
+
+def read_model_index(path: Path) -> dict:
+    index_file = path / "model_index.json"
+    if not index_file.is_file():
+        raise ValueError(
+            f"{path} is not a diffusers model folder: it has no model_index.json. "
+            "Point --model at a folder saved with DiffusionPipeline.save_pretrained()."
+        )
+    try:
+        return json.loads(index_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{index_file} is not valid JSON ({exc}); the checkpoint looks corrupt.") from exc
+
+
+def family_class(class_name: str):
+    if class_name not in FAMILIES:
+        raise ValueError(
+            f"model class {class_name!r} is not supported by stepstudio; supported classes are: "
+            f"{', '.join(sorted(FAMILIES))}."
+        )
+    module_name, _, attr = FAMILIES[class_name].partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def load_pipeline(model: str | None = None, options: LoadOptions | None = None) -> StepPipeline:
+    """`model`: None or "builtin" (the shipped shapes model), "toy", a local folder, or a hub id."""
+    options = options or LoadOptions()
+    if model == "toy":
+        from pipelines.toy import ToyPipeline
+
+        return ToyPipeline()
+    if model in (None, "builtin"):
+        model = str(BUILTIN_MODEL_DIR)
+    path = Path(model).expanduser()
+    if not path.exists():
+        path = _download(model)
+    class_name = read_model_index(path).get("_class_name")
+    return family_class(class_name).from_pretrained(path, options)
+
+
+def _download(model_id: str) -> Path:
+    """Fetch a hub model id into the local cache (safetensors and configs only)."""
+    if model_id.count("/") != 1:
+        raise ValueError(f"model {model_id!r} is neither an existing folder nor a hub id like 'org/name'.")
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(model_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
+    except Exception as exc:  # noqa: BLE001 - any hub/network failure gets the same advice
+        raise ValueError(
+            f"could not download {model_id!r} from the model hub ({type(exc).__name__}: {exc}). "
+            "If this machine is offline, download the model elsewhere and pass its local folder to --model."
+        ) from exc
+    return Path(folder)

@@ -1,0 +1,129 @@
+"""A tiny deterministic pipeline with no weights, for tests, benchmarks and UI work.
+
+It follows the step protocol with real tensors and a real diffusers noise scheduler, but
+its "model" is a closed-form function of each row's OWN latents, timestep and prompt
+embedding. So a request's result can't depend on its batch-mates: any leak between rows
+shows up as a changed image. It also records every forward, and can be told to fail:
+a prompt containing "[fail:<method>]" raises in that method, "[nan]" makes NaN latents.
+
+Use it from the command line with `python app.py --model toy`.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
+from PIL import Image
+
+from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
+from pipelines.params import GenerationParams
+
+LATENT_CHANNELS = 4
+SCALE = 8  # pixels per latent cell
+
+
+@dataclass(frozen=True)
+class ToyBatchKey:
+    width: int
+    height: int
+
+
+def prompt_embedding(prompt: str) -> torch.Tensor:
+    """A stable 'text encoder': a vector seeded by the prompt's hash."""
+    digest = hashlib.sha256(prompt.encode()).digest()
+    generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
+    return torch.randn(LATENT_CHANNELS, generator=generator)
+
+
+def _maybe_fail(state: RequestState, method: str) -> None:
+    if f"[fail:{method}]" in state.params.prompt:
+        raise RuntimeError(f"injected failure in {method} for this prompt")
+
+
+class ToyPipeline:
+    """Deterministic stand-in for a diffusion model (see module docstring)."""
+
+    def __init__(self, step_delay_s: float = 0.0, defaults: ModelDefaults | None = None) -> None:
+        # Sleep per forward, to stand in for model compute in UI and scheduling tests.
+        self.step_delay_s = step_delay_s
+        self.info = PipelineInfo(
+            name="toy",
+            family="toy",
+            output_kind="image",
+            defaults=defaults or ModelDefaults(width=64, height=64, num_inference_steps=8, guidance_scale=1.0),
+            uses_negative_prompt=False,
+            size_multiple=SCALE,
+            schedulers=("flow-match-euler",),
+        )
+        self._scheduler_template = FlowMatchEulerDiscreteScheduler()
+        self.forward_log: list[tuple[str, ...]] = []  # request ids of each forward, in row order
+        self.encoded: list[str] = []
+        self.decoded: list[str] = []
+
+    # ---------------------------------------------------------------- protocol
+    def validate(self, params: GenerationParams) -> None:
+        for name in ("width", "height"):
+            value = getattr(params, name)
+            if value % SCALE:
+                raise ValueError(f"{name}={value} must be a multiple of {SCALE} for the toy model.")
+        if params.num_frames != 1:
+            raise ValueError(f"num_frames={params.num_frames}: the toy model makes images, use 1.")
+
+    def batch_key(self, params: GenerationParams) -> ToyBatchKey:
+        return ToyBatchKey(width=params.width, height=params.height)
+
+    def prepare_encode(self, state: RequestState) -> None:
+        _maybe_fail(state, "prepare_encode")
+        params = state.params
+        state.conditioning = prompt_embedding(params.prompt)
+        state.generator = torch.Generator().manual_seed(params.seed)
+        shape = (LATENT_CHANNELS, params.height // SCALE, params.width // SCALE)
+        state.latents = torch.randn(shape, generator=state.generator)
+        state.noise_scheduler = copy.deepcopy(self._scheduler_template)
+        state.noise_scheduler.set_timesteps(params.num_inference_steps)
+        state.timesteps = state.noise_scheduler.timesteps
+        state.step_index = 0
+        self.encoded.append(state.request_id)
+
+    def denoise_step(self, batch: Batch) -> list[torch.Tensor]:
+        for state in batch.states:
+            _maybe_fail(state, "denoise_step")
+        self.forward_log.append(batch.request_ids)
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
+        latents = torch.stack([s.latents for s in batch.states])
+        t = torch.stack([s.current_timestep for s in batch.states]).float() / 1000.0
+        cond = torch.stack([s.conditioning for s in batch.states])
+        # velocity = noise - x0 with x0 pulled towards the prompt's colour: row-local only.
+        prediction = 0.5 * torch.tanh(latents) - cond[:, :, None, None] * (1.0 - 0.5 * t[:, None, None, None])
+        return list(prediction.unbind(0))
+
+    def step_scheduler(self, state: RequestState, prediction: torch.Tensor) -> None:
+        _maybe_fail(state, "step_scheduler")
+        out = state.noise_scheduler.step(prediction, state.current_timestep, state.latents, return_dict=False)
+        state.latents = out[0]
+        state.step_index += 1
+        if "[nan]" in state.params.prompt and state.step_index == 2:
+            state.latents = state.latents * float("nan")
+
+    def post_decode(self, state: RequestState) -> list[Image.Image]:
+        _maybe_fail(state, "post_decode")
+        self.decoded.append(state.request_id)
+        return [self._to_image(state.latents, SCALE)]
+
+    def preview(self, state: RequestState) -> Image.Image:
+        return self._to_image(state.latents, 1)
+
+    @staticmethod
+    def _to_image(latents: torch.Tensor, scale: int) -> Image.Image:
+        rgb = ((latents[:3].clamp(-2, 2) + 2) * (255 / 4)).round().to(torch.uint8)
+        array = np.ascontiguousarray(rgb.permute(1, 2, 0).numpy())
+        if scale > 1:
+            array = array.repeat(scale, axis=0).repeat(scale, axis=1)
+        return Image.fromarray(array, mode="RGB")
