@@ -131,6 +131,7 @@ class Engine:
         request_id = uuid.uuid4().hex
         with self._lock:
             if self._closed:
+                self.metrics.requests_rejected.labels("closed").inc()
                 raise EngineClosedError("the engine is shutting down; no new requests are accepted.")
             if len(self._owner) >= self.limits.max_queue:
                 self.metrics.requests_rejected.labels("queue_full").inc()

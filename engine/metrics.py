@@ -45,6 +45,14 @@ class EngineMetrics:
             "stepstudio_cancel_latency_seconds", "Cancel call to slot freed", buckets=_LATENCY_BUCKETS, registry=r
         )
 
+        # Known label values start at 0 so dashboards and rate() see a series before its first event.
+        for status in ("completed", "aborted", "error"):
+            self.requests_finished.labels(status)
+        for reason in ("invalid", "queue_full", "session_limit", "closed"):
+            self.requests_rejected.labels(reason)
+        for stage in ("prepare_encode", "denoise_step", "step_scheduler", "post_decode", "engine"):
+            self.errors.labels(stage)
+
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric of this engine."""
         return generate_latest(self.registry)

@@ -9,8 +9,8 @@ It is the only place that changes a request's status. Policy:
   up to `max_batch`, run one step together; a newcomer joins at the next boundary.
 - Request mode: once a group of up to `max_batch` requests is admitted it runs alone
   until all of its members finish (the classic "one batch at a time" server).
-- Admission is fair across sessions: among waiting requests the one whose session has
-  the fewest requests running goes first, then the oldest.
+- Admission is fair across sessions: sessions take turns (fewest requests running first,
+  then the one admitted least recently), each session's own requests in arrival order.
 """
 
 from __future__ import annotations
@@ -77,6 +77,8 @@ class Scheduler:
         self._groups: dict[Hashable, _Group] = {}
         self._turns: deque[Hashable] = deque()  # round-robin order of group keys
         self._running_by_session: dict[str, int] = {}
+        self._last_admitted: dict[str, int] = {}  # session -> admission counter value
+        self._admissions = 0
         self._freed: list[str] = []  # running requests ended outside a step: the runner frees them
         self._finished: list[Request] = []  # ended since the last take_finished()
         self._last_position: dict[str, int] = {}
@@ -97,8 +99,21 @@ class Scheduler:
 
     def waiting_order(self) -> list[Request]:
         """Waiting requests in the order they would be admitted (1st = position 1)."""
-        waiting = [r for g in self._groups.values() for r in g.waiting]
-        return sorted(waiting, key=self._admission_rank)
+        return self._admission_order([r for g in self._groups.values() for r in g.waiting])
+
+    def _admission_order(self, waiting: list[Request]) -> list[Request]:
+        """Round-robin over sessions, so one session's twenty requests can't block another's one."""
+        by_session: dict[str, list[Request]] = {}
+        for request in sorted(waiting, key=lambda r: r.arrival_index):
+            by_session.setdefault(request.session_id, []).append(request)
+        sessions = sorted(
+            by_session,
+            key=lambda s: (self._running_by_session.get(s, 0), self._last_admitted.get(s, -1), by_session[s][0].arrival_index),
+        )
+        order: list[Request] = []
+        for turn in range(max((len(q) for q in by_session.values()), default=0)):
+            order.extend(by_session[s][turn] for s in sessions if turn < len(by_session[s]))
+        return order
 
     # ---------------------------------------------------------------- commands
     def add(self, request: Request) -> None:
@@ -147,7 +162,7 @@ class Scheduler:
         may_admit = self.mode == "step" or not group.running
         if may_admit:
             free_slots = self.max_batch - len(group.running)
-            for request in sorted(group.waiting, key=self._admission_rank)[: max(free_slots, 0)]:
+            for request in self._admission_order(group.waiting)[: max(free_slots, 0)]:
                 new.append(request)
                 self._admit(group, request)
         batch = tuple(group.running[: self.max_batch])
@@ -173,14 +188,13 @@ class Scheduler:
                 return key
         return None
 
-    def _admission_rank(self, request: Request) -> tuple[int, int]:
-        return (self._running_by_session.get(request.session_id, 0), request.arrival_index)
-
     def _admit(self, group: _Group, request: Request) -> None:
         group.waiting.remove(request)
         group.running.append(request)
         request.status = RequestStatus.RUNNING
         self._running_by_session[request.session_id] = self._running_by_session.get(request.session_id, 0) + 1
+        self._last_admitted[request.session_id] = self._admissions
+        self._admissions += 1
 
     # ---------------------------------------------------------------- update
     def update(self, output: RunnerOutput) -> None:
@@ -234,6 +248,8 @@ class Scheduler:
             request.abort_reason = event.reason
         del self.requests[request.request_id]
         self._last_position.pop(request.request_id, None)
+        if not any(r.session_id == request.session_id for r in self.requests.values()):
+            self._last_admitted.pop(request.session_id, None)
         self._finished.append(request)
         request.handle.emit(event)
 

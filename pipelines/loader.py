@@ -16,6 +16,8 @@ from pipelines.interface import StepPipeline
 # diffusers pipeline class -> "module:class" of our step pipeline for that family.
 FAMILIES: dict[str, str] = {
     "FluxPipeline": "pipelines.flux:FluxStepPipeline",
+    "StableDiffusionPipeline": "pipelines.stable_diffusion:StableDiffusionStepPipeline",
+    "StableDiffusionXLPipeline": "pipelines.sdxl:StableDiffusionXLStepPipeline",
 }
 
 BUILTIN_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "shapes-flux"

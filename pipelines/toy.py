@@ -15,6 +15,7 @@ import copy
 import hashlib
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -49,9 +50,17 @@ def _maybe_fail(state: RequestState, method: str) -> None:
 class ToyPipeline:
     """Deterministic stand-in for a diffusion model (see module docstring)."""
 
-    def __init__(self, step_delay_s: float = 0.0, defaults: ModelDefaults | None = None) -> None:
+    def __init__(
+        self,
+        step_delay_s: float = 0.0,
+        defaults: ModelDefaults | None = None,
+        on_forward: Callable[[int, Batch], None] | None = None,
+    ) -> None:
         # Sleep per forward, to stand in for model compute in UI and scheduling tests.
         self.step_delay_s = step_delay_s
+        # Called on the engine thread before forward number i (0-based): lets tests act at an
+        # exact step boundary (submit, cancel) instead of racing the engine thread.
+        self.on_forward = on_forward
         self.info = PipelineInfo(
             name="toy",
             family="toy",
@@ -94,6 +103,8 @@ class ToyPipeline:
     def denoise_step(self, batch: Batch) -> list[torch.Tensor]:
         for state in batch.states:
             _maybe_fail(state, "denoise_step")
+        if self.on_forward is not None:
+            self.on_forward(len(self.forward_log), batch)
         self.forward_log.append(batch.request_ids)
         if self.step_delay_s:
             time.sleep(self.step_delay_s)

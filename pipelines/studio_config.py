@@ -1,0 +1,97 @@
+"""`stepstudio.json`: the serving defaults a model folder may carry next to `model_index.json`.
+
+Every key is optional. A folder without the file is served with its family's defaults.
+
+    height, width, num_inference_steps, guidance_scale, negative_prompt   ModelDefaults
+    max_sequence_length                                                   text length of the T5 encoder
+    example_prompts                                                       shown in the studio
+    vocabulary                                                            the only words the model knows;
+                                                                          prompts are lower-cased
+    preview_rgb_factors [C][3], preview_rgb_bias [3]                      latent -> RGB preview in [0, 1],
+                                                                          on normalized latents
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+FILE_NAME = "stepstudio.json"
+
+_WORD = re.compile(r"[a-z0-9']+")
+
+
+@dataclass(frozen=True)
+class StudioConfig:
+    height: int | None = None
+    width: int | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    negative_prompt: str | None = None
+    max_sequence_length: int | None = None
+    example_prompts: tuple[str, ...] = ()
+    vocabulary: frozenset[str] = frozenset()
+    preview_rgb_factors: tuple[tuple[float, ...], ...] | None = None
+    preview_rgb_bias: tuple[float, ...] | None = None
+
+    def unknown_words(self, prompt: str) -> list[str]:
+        """Words of `prompt` outside the vocabulary, in order, without repeats ([] without a vocabulary)."""
+        if not self.vocabulary:
+            return []
+        unknown: list[str] = []
+        for word in _WORD.findall(prompt.lower()):
+            if word not in self.vocabulary and word not in unknown:
+                unknown.append(word)
+        return unknown
+
+
+def _typed(path: Path, data: dict, key: str, kind: type | tuple[type, ...]):
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ValueError(f"{path}: {key}={value!r} must be {names}.")
+    return value
+
+
+def read_studio_config(folder: Path) -> StudioConfig:
+    """The folder's stepstudio.json, or an empty StudioConfig when it has none."""
+    path = Path(folder) / FILE_NAME
+    if not path.is_file():
+        return StudioConfig()
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}).") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}.")
+
+    factors = _typed(path, data, "preview_rgb_factors", list)
+    bias = _typed(path, data, "preview_rgb_bias", list)
+    if (factors is None) != (bias is None):
+        raise ValueError(f"{path}: preview_rgb_factors and preview_rgb_bias must be given together.")
+    if factors is not None:
+        if not factors or any(not isinstance(row, list) or len(row) != 3 for row in factors) or len(bias) != 3:
+            raise ValueError(
+                f"{path}: preview_rgb_factors must be a list of [r, g, b] rows (one per latent channel) "
+                f"and preview_rgb_bias one [r, g, b]; got {len(factors)} rows and a bias of length {len(bias)}."
+            )
+        factors = tuple(tuple(float(v) for v in row) for row in factors)
+        bias = tuple(float(v) for v in bias)
+
+    guidance = _typed(path, data, "guidance_scale", (int, float))
+    return StudioConfig(
+        height=_typed(path, data, "height", int),
+        width=_typed(path, data, "width", int),
+        num_inference_steps=_typed(path, data, "num_inference_steps", int),
+        guidance_scale=None if guidance is None else float(guidance),
+        negative_prompt=_typed(path, data, "negative_prompt", str),
+        max_sequence_length=_typed(path, data, "max_sequence_length", int),
+        example_prompts=tuple(_typed(path, data, "example_prompts", list) or ()),
+        vocabulary=frozenset(word.lower() for word in (_typed(path, data, "vocabulary", list) or ())),
+        preview_rgb_factors=factors,
+        preview_rgb_bias=bias,
+    )
