@@ -341,7 +341,7 @@ class Engine:
                     position=None,
                     submitted_at=request.submitted_at,
                     started_at=request.started_at,
-                    batch_mates=tuple(b for b in scheduler.current_batch if b != request.request_id) if in_batch else (),
+                    batch=scheduler.current_batch if in_batch else (),
                     eta_s=None if step_s is None else remaining * step_s * groups,
                 )
             )
@@ -362,7 +362,7 @@ class Engine:
                     position=position,
                     submitted_at=request.submitted_at,
                     started_at=None,
-                    batch_mates=(),
+                    batch=(),
                     eta_s=eta,
                 )
             )

@@ -21,8 +21,13 @@ class RequestView:
     position: int | None  # queue position while waiting, 1 = next
     submitted_at: float  # time.perf_counter() clock
     started_at: float | None
-    batch_mates: tuple[str, ...]  # other request ids in its latest forward
+    batch: tuple[str, ...]  # request ids of the forward it is in now (shared tuple, includes itself)
     eta_s: float | None
+
+    @property
+    def batch_mates(self) -> tuple[str, ...]:
+        """The other requests sharing its forward."""
+        return tuple(r for r in self.batch if r != self.request_id)
 
     def waited_s(self, now: float | None = None) -> float:
         """Time spent waiting before the first step (so far, if still waiting)."""
