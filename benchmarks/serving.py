@@ -1,0 +1,336 @@
+"""Serving benchmark: stepstudio side by side with the alternatives, on one checkpoint, in one run.
+
+    python benchmarks/serving.py                                   # 8 closed-loop users, built-in model
+    python benchmarks/serving.py --workload open --rate 6 --requests 48
+    python benchmarks/serving.py --systems diffusers step8 --requests 16 --cancel-fraction 0
+
+Systems: `diffusers` (FluxPipeline.__call__ one request at a time), `request` (stepstudio
+request mode, max batch 8), `stepN` (stepstudio step mode with max batch N). Each system
+runs in its own subprocess (so peak memory is its own) on the same seeded workload.
+A `ceiling` run times the bare batched denoiser forward to show how much batching can give.
+
+Writes a JSON file with every record and prints a markdown table, ratios against the
+diffusers baseline, the targets, and a per-request timeline ("." waiting, "#" computing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.workload import Workload, make_workload  # noqa: E402
+
+DEFAULT_SYSTEMS = ("diffusers", "request", "step1", "step4", "step8")
+
+
+# ---------------------------------------------------------------------------- one system (child)
+def _make_system(name: str, model: str, preview_every: int):
+    from benchmarks.systems import DiffusersSystem, EngineSystem
+
+    if name == "diffusers":
+        return DiffusersSystem(model, preview_every)
+    if name == "request":
+        return EngineSystem(model, mode="request", max_batch=8, preview_every=preview_every)
+    if name.startswith("step") and name[4:].isdigit():
+        return EngineSystem(model, mode="step", max_batch=int(name[4:]), preview_every=preview_every)
+    raise ValueError(f"unknown system {name!r}: use diffusers, request or stepN (e.g. step8).")
+
+
+def _drive(system, workload: Workload) -> list:
+    """Send the workload: closed loop (each user waits for its previous request) or open loop."""
+    tickets, lock = [], threading.Lock()
+
+    def keep(ticket):
+        with lock:
+            tickets.append(ticket)
+        return ticket
+
+    if workload.kind == "closed":
+
+        def user_loop(user: int) -> None:
+            for item in (i for i in workload.items if i.user == user):
+                keep(system.submit(item)).wait()
+
+        users = [threading.Thread(target=user_loop, args=(u,)) for u in range(workload.users)]
+        for t in users:
+            t.start()
+        for t in users:
+            t.join()
+    else:
+        start = time.perf_counter()
+        for item in workload.items:
+            delay = start + item.arrival_s - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            keep(system.submit(item))
+        for ticket in list(tickets):
+            ticket.wait()
+    return [t.record for t in tickets]
+
+
+def run_system(name: str, model: str, workload: Workload, preview_every: int) -> dict:
+    import torch
+
+    system = _make_system(name, model, preview_every)
+    # Warm-up: one request alone, outside the measurement; it also calibrates the step time.
+    warm = workload.items[0]
+    from dataclasses import replace
+
+    warm_ticket = system.submit(replace(warm, index=-1, cancel_after_step=None))
+    warm_ticket.wait()
+    warm_record = warm_ticket.record
+    warm_sizes = dict(system.batch_sizes())
+    solo_step_s = None
+    if hasattr(system, "engine"):
+        stages = system.engine.snapshot().stats.stages
+        solo_step_s = stages.denoise_step_s
+    else:
+        solo_step_s = (warm_record.finished - warm_record.admitted) / warm.steps
+
+    started = time.perf_counter()
+    records = _drive(system, workload)
+    wall = time.perf_counter() - started
+    sizes = {b: n - warm_sizes.get(b, 0) for b, n in system.batch_sizes().items() if n - warm_sizes.get(b, 0) > 0}
+    system.close()
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    gpu_mb = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
+    return {
+        "system": name,
+        "wall_s": wall,
+        "solo_step_s": solo_step_s,
+        "solo_latency_s": warm_record.finished - warm_record.submitted,
+        "forwards_by_batch_size": sizes,
+        "peak_rss_mb": peak_rss_mb,
+        "peak_gpu_mb": gpu_mb,
+        "records": [asdict(r) for r in sorted(records, key=lambda r: r.index)],
+    }
+
+
+# ---------------------------------------------------------------------------- summary (parent)
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    low, high = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
+
+
+def summarize(result: dict) -> dict:
+    records = result["records"]
+    done = [r for r in records if r["status"] == "completed"]
+    latency = [r["finished"] - r["submitted"] for r in done]
+    queue_delay = [r["admitted"] - r["submitted"] for r in records if r["admitted"] is not None]
+    preview = [r["first_preview"] - r["submitted"] for r in records if r["first_preview"] is not None]
+    cancel = [r["finished"] - r["cancel_requested"] for r in records if r["cancel_requested"] is not None]
+    sizes = {int(b): n for b, n in result["forwards_by_batch_size"].items()}
+    forwards = sum(sizes.values())
+    return {
+        "system": result["system"],
+        "completed": len(done),
+        "aborted": sum(r["status"] == "aborted" for r in records),
+        "failed": sum(r["status"] == "failed" for r in records),
+        "wall_s": result["wall_s"],
+        "throughput_rpm": 60 * len(done) / result["wall_s"],
+        "latency_mean_s": statistics.fmean(latency) if latency else None,
+        "latency_p50_s": _pct(latency, 0.5),
+        "latency_p99_s": _pct(latency, 0.99),
+        "queue_delay_mean_s": statistics.fmean(queue_delay) if queue_delay else None,
+        "admission_p50_s": _pct(queue_delay, 0.5),
+        "admission_p99_s": _pct(queue_delay, 0.99),
+        "first_preview_p50_s": _pct(preview, 0.5),
+        "cancel_latency_mean_s": statistics.fmean(cancel) if cancel else None,
+        "cancel_latency_max_s": max(cancel) if cancel else None,
+        "mean_batch": sum(b * n for b, n in sizes.items()) / forwards if forwards else None,
+        "peak_batch": max(sizes) if sizes else None,
+        "solo_step_s": result["solo_step_s"],
+        "solo_latency_s": result["solo_latency_s"],
+        "peak_rss_mb": result["peak_rss_mb"],
+        "peak_gpu_mb": result["peak_gpu_mb"],
+    }
+
+
+def timeline(result: dict, width: int = 60) -> str:
+    records = result["records"]
+    t0 = min(r["submitted"] for r in records)
+    t1 = max(r["finished"] for r in records)
+    scale = width / max(t1 - t0, 1e-9)
+    lines = [f"{result['system']}: '.' waiting, '#' computing, 'x' cancelled ({t1 - t0:.2f} s across)"]
+    for r in records:
+        a = int((r["submitted"] - t0) * scale)
+        b = int(((r["admitted"] or r["finished"]) - t0) * scale)
+        c = max(b + 1, int((r["finished"] - t0) * scale))
+        mark = "x" if r["status"] == "aborted" else "#"
+        lines.append(f"  req {r['index']:>3} {r['steps']:>3} steps |{' ' * a}{'.' * (b - a)}{mark * (c - b)}")
+    return "\n".join(lines)
+
+
+def _fmt(value, digits=3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def report(summaries: list[dict], ceiling: dict | None, workload: Workload) -> str:
+    base = next((s for s in summaries if s["system"] == "diffusers"), None)
+    rows = [
+        "| system | done | aborted | wall s | req/min | x diffusers | lat mean s | p50 | p99 | queue mean s "
+        "| admission p50 s | first preview p50 s | cancel mean s | cancel max s | mean batch | peak batch | peak RSS MB |",
+        "|" + "---|" * 17,
+    ]
+    for s in summaries:
+        ratio = s["throughput_rpm"] / base["throughput_rpm"] if base and base["throughput_rpm"] else None
+        rows.append(
+            f"| {s['system']} | {s['completed']} | {s['aborted']} | {_fmt(s['wall_s'], 2)} | {_fmt(s['throughput_rpm'], 1)} "
+            f"| {_fmt(ratio, 2)} | {_fmt(s['latency_mean_s'])} | {_fmt(s['latency_p50_s'])} | {_fmt(s['latency_p99_s'])} "
+            f"| {_fmt(s['queue_delay_mean_s'])} | {_fmt(s['admission_p50_s'])} | {_fmt(s['first_preview_p50_s'])} "
+            f"| {_fmt(s['cancel_latency_mean_s'])} | {_fmt(s['cancel_latency_max_s'])} | {_fmt(s['mean_batch'], 2)} "
+            f"| {s['peak_batch'] or '-'} | {_fmt(s['peak_rss_mb'], 0)} |"
+        )
+    lines = ["\n".join(rows)]
+    if ceiling:
+        per = ceiling["per_image_step_s"]
+        lines.append(
+            "\nBare denoiser forward, per image-step: "
+            + ", ".join(f"batch {b}: {1000 * t:.2f} ms" for b, t in sorted(per.items(), key=lambda kv: int(kv[0])))
+            + f"; encode {1000 * ceiling['encode_s']:.1f} ms, decode {1000 * ceiling['decode_s']:.1f} ms per request."
+        )
+        if "ceiling_rpm" in ceiling:
+            lines.append(f"Ceiling throughput at full batches of {ceiling['ceiling_batch']}: {ceiling['ceiling_rpm']:.1f} req/min.")
+    return "\n".join(lines)
+
+
+def targets(summaries: list[dict], ceiling: dict | None) -> list[str]:
+    by = {s["system"]: s for s in summaries}
+    out = []
+    if "diffusers" in by:
+        d = by["diffusers"]
+        for name in ("step1", "step8", "request"):
+            if name in by:
+                out.append(
+                    f"single request latency {name} / diffusers: {by[name]['solo_latency_s'] / d['solo_latency_s']:.3f} (target <= 1.03)"
+                )
+                break
+        if "step8" in by:
+            out.append(f"step8 throughput / diffusers: {by['step8']['throughput_rpm'] / d['throughput_rpm']:.2f}x (target >= 2x)")
+    if "step8" in by and "request" in by:
+        out.append(f"step8 throughput / request mode: {by['step8']['throughput_rpm'] / by['request']['throughput_rpm']:.2f}x (target >= 1)")
+    if "step8" in by and ceiling and "ceiling_rpm" in ceiling:
+        out.append(f"step8 throughput / ceiling: {by['step8']['throughput_rpm'] / ceiling['ceiling_rpm']:.2f} (target >= 0.90)")
+    for name in ("step8", "step4"):
+        if name in by and by[name]["solo_step_s"]:
+            s = by[name]
+            step = s["solo_step_s"]
+            if s["admission_p50_s"] is not None:
+                out.append(f"{name} admission p50: {s['admission_p50_s'] / step:.2f} step-times (target <= 1.5)")
+            if s["cancel_latency_mean_s"] is not None:
+                out.append(f"{name} cancel latency mean: {s['cancel_latency_mean_s'] / step:.2f} step-times (target <= 1)")
+            break
+    return out
+
+
+def _child(system: str, args, workload_file: Path, out_file: Path) -> dict:
+    cmd = [sys.executable, __file__, "--run-system", system, "--model", args.model, "--workload-file", str(workload_file),
+           "--preview-every", str(args.preview_every), "--out", str(out_file)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run(cmd, check=True, env=env)
+    return json.loads(out_file.read_text())
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="builtin", help="model folder or 'builtin' (default)")
+    parser.add_argument("--systems", nargs="+", default=list(DEFAULT_SYSTEMS))
+    parser.add_argument("--workload", choices=["closed", "open"], default="closed")
+    parser.add_argument("--users", type=int, default=8, help="closed loop: concurrent users")
+    parser.add_argument("--rate", type=float, default=4.0, help="open loop: arrivals per second")
+    parser.add_argument("--arrivals", choices=["poisson", "fixed"], default="poisson")
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--steps-mix", type=int, nargs="+", default=[10, 20, 30])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[64])
+    parser.add_argument("--cancel-fraction", type=float, default=0.1)
+    parser.add_argument("--preview-every", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-ceiling", action="store_true", help="skip timing the bare batched denoiser")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "serving.json"))
+    # internal: run one system in this process
+    parser.add_argument("--run-system", help=argparse.SUPPRESS)
+    parser.add_argument("--workload-file", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.run_system:
+        workload = Workload.from_json(Path(args.workload_file).read_text())
+        if args.run_system == "ceiling":
+            from benchmarks.systems import measure_denoiser
+
+            result = measure_denoiser(args.model, size=workload.items[0].size, batch_sizes=(1, 8))
+        else:
+            result = run_system(args.run_system, args.model, workload, args.preview_every)
+        Path(args.out).write_text(json.dumps(result))
+        return result
+
+    workload = make_workload(
+        args.workload, args.requests, args.users, args.rate, tuple(args.steps_mix), tuple(args.sizes),
+        args.cancel_fraction, args.seed, args.arrivals,
+    )
+    results, summaries = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        workload_file = Path(tmp) / "workload.json"
+        workload_file.write_text(workload.to_json())
+        for system in args.systems:
+            print(f"running {system} ...", file=sys.stderr, flush=True)
+            result = _child(system, args, workload_file, Path(tmp) / f"{system}.json")
+            results.append(result)
+            summaries.append(summarize(result))
+        ceiling = None
+        if not args.no_ceiling:
+            print("timing the bare denoiser ...", file=sys.stderr, flush=True)
+            ceiling = _child("ceiling", args, workload_file, Path(tmp) / "ceiling.json")
+            per = {int(b): t for b, t in ceiling["per_image_step_s"].items()}
+            ceiling["per_image_step_s"] = per
+            batch = max(per)
+            # Every request is encoded and runs its steps (a cancelled one up to its cancel);
+            # only the completed ones are decoded and counted, as in the systems' runs.
+            completed = sum(i.cancel_after_step is None for i in workload.items)
+            total_steps = sum(i.cancel_after_step or i.steps for i in workload.items)
+            seconds = (total_steps * per[batch] + len(workload.items) * ceiling["encode_s"]
+                       + completed * ceiling["decode_s"])
+            ceiling["ceiling_batch"] = batch
+            ceiling["ceiling_rpm"] = 60 * completed / seconds
+
+    machine = f"{platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}"
+    print(f"\n## Serving benchmark ({args.workload} loop, {args.requests} requests, "
+          f"{args.users if args.workload == 'closed' else f'{args.rate}/s'} "
+          f"{'users' if args.workload == 'closed' else 'arrivals'}, steps {args.steps_mix}, sizes {args.sizes}, "
+          f"cancel {args.cancel_fraction:.0%}, seed {args.seed}; {machine})\n")
+    print(report(summaries, ceiling, workload))
+    print("\nTargets:")
+    for line in targets(summaries, ceiling):
+        print(f"- {line}")
+    print()
+    for result in results:
+        print(timeline(result))
+        print()
+    everything = {"args": {k: v for k, v in vars(args).items() if k not in ("run_system", "workload_file")},
+                  "machine": machine, "summaries": summaries, "ceiling": ceiling, "results": results}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(everything, indent=1))
+    print(f"wrote {out}", file=sys.stderr)
+    return everything
+
+
+if __name__ == "__main__":
+    main()

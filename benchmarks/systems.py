@@ -1,0 +1,202 @@
+"""The systems a serving benchmark compares, behind one small interface.
+
+- `DiffusersSystem`: the stock diffusers pipeline `__call__`, one request at a time from a
+  FIFO queue: what a plain Gradio demo with concurrency 1 does.
+- `EngineSystem`: stepstudio's engine in request mode or step mode with a given max batch.
+
+Each `submit(item)` returns a `Ticket` whose `Record` collects the request's timestamps
+(all on this process's `time.perf_counter()` clock, which the engine uses too).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from benchmarks.workload import WorkItem
+from engine import Aborted, Completed, Engine, Failed, GenerationParams, Progress, ServingLimits, Started
+from pipelines.interface import Batch, RequestState
+from pipelines.loader import load_pipeline
+
+
+@dataclass
+class Record:
+    index: int
+    steps: int
+    submitted: float
+    admitted: float | None = None  # first denoise step began
+    first_preview: float | None = None
+    finished: float | None = None
+    status: str = "pending"  # completed | aborted | failed
+    cancel_requested: float | None = None
+    steps_done: int = 0
+
+
+class Ticket:
+    def __init__(self, record: Record, done: threading.Event) -> None:
+        self.record = record
+        self._done = done
+
+    def wait(self, timeout: float = 3600) -> None:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.record.index} did not finish in {timeout} s")
+
+
+def _negative_prompt(model_defaults) -> str | None:
+    return model_defaults.negative_prompt
+
+
+# ---------------------------------------------------------------------------- stepstudio
+class EngineSystem:
+    def __init__(self, model: str, mode: str, max_batch: int, preview_every: int) -> None:
+        self.pipeline = load_pipeline(model)
+        self.preview_every = preview_every
+        limits = ServingLimits(max_steps=1000, max_size=4096, max_queue=100_000, max_per_session=100_000)
+        self.engine = Engine(self.pipeline, mode=mode, max_batch=max_batch, limits=limits).start()
+
+    def params(self, item: WorkItem) -> GenerationParams:
+        return GenerationParams(
+            prompt=item.prompt,
+            width=item.size,
+            height=item.size,
+            num_inference_steps=item.steps,
+            seed=item.seed,
+            preview_every=self.preview_every,
+        )
+
+    def submit(self, item: WorkItem) -> Ticket:
+        record = Record(item.index, item.steps, submitted=time.perf_counter())
+        handle = self.engine.submit(self.params(item), session_id=f"user{item.user}")
+        done = threading.Event()
+
+        def follow() -> None:
+            for event in handle.events():
+                now = time.perf_counter()
+                if isinstance(event, Started):
+                    record.admitted = now
+                elif isinstance(event, Progress):
+                    record.steps_done = event.step
+                    if event.preview is not None and record.first_preview is None:
+                        record.first_preview = now
+                    if item.cancel_after_step is not None and event.step == item.cancel_after_step:
+                        record.cancel_requested = time.perf_counter()
+                        handle.cancel()
+                elif isinstance(event, (Completed, Aborted, Failed)):
+                    record.finished = now
+                    record.status = {Completed: "completed", Aborted: "aborted", Failed: "failed"}[type(event)]
+            done.set()
+
+        threading.Thread(target=follow, daemon=True).start()
+        return Ticket(record, done)
+
+    def batch_sizes(self) -> dict[int, int]:
+        return dict(self.engine.snapshot().stats.forwards_by_batch_size)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+# ---------------------------------------------------------------------------- diffusers
+class DiffusersSystem:
+    """FluxPipeline.__call__ one request at a time, with the model's serving defaults."""
+
+    def __init__(self, model: str, preview_every: int) -> None:
+        from diffusers import FluxPipeline
+
+        from pipelines.loader import BUILTIN_MODEL_DIR
+        from pipelines.studio_config import read_studio_config
+
+        path = str(BUILTIN_MODEL_DIR) if model in (None, "builtin") else model
+        self.pipe = FluxPipeline.from_pretrained(path, use_safetensors=True, torch_dtype=torch.float32)
+        self.pipe.set_progress_bar_config(disable=True)
+        studio = read_studio_config(__import__("pathlib").Path(path))
+        self.max_sequence_length = studio.max_sequence_length or 512
+        self.guidance_scale = studio.guidance_scale if studio.guidance_scale is not None else 1.0
+        self.negative_prompt = studio.negative_prompt
+        self._queue: queue.Queue = queue.Queue()
+        self._worker = threading.Thread(target=self._serve, daemon=True)
+        self._worker.start()
+        self._forwards = 0
+
+    def submit(self, item: WorkItem) -> Ticket:
+        record = Record(item.index, item.steps, submitted=time.perf_counter())
+        done = threading.Event()
+        self._queue.put((item, record, done))
+        return Ticket(record, done)
+
+    def _serve(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            item, record, done = job
+            record.admitted = time.perf_counter()
+
+            def on_step_end(pipe, step_index, timestep, callback_kwargs):
+                record.steps_done = step_index + 1
+                if item.cancel_after_step is not None and record.steps_done == item.cancel_after_step:
+                    record.cancel_requested = time.perf_counter()
+                    pipe._interrupt = True  # diffusers skips the remaining steps, then still decodes
+                return callback_kwargs
+
+            true_cfg = self.negative_prompt is not None and self.guidance_scale > 1
+            self.pipe(
+                prompt=item.prompt,
+                negative_prompt=self.negative_prompt if true_cfg else None,
+                true_cfg_scale=self.guidance_scale if true_cfg else 1.0,
+                height=item.size,
+                width=item.size,
+                num_inference_steps=item.steps,
+                generator=torch.Generator().manual_seed(item.seed),
+                max_sequence_length=self.max_sequence_length,
+                callback_on_step_end=on_step_end,
+            )
+            self._forwards += record.steps_done
+            record.finished = time.perf_counter()
+            record.status = "aborted" if record.cancel_requested is not None else "completed"
+            done.set()
+
+    def batch_sizes(self) -> dict[int, int]:
+        return {1: self._forwards} if self._forwards else {}
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._worker.join(timeout=60)
+
+
+# ---------------------------------------------------------------------------- ceiling
+@torch.no_grad()
+def measure_denoiser(model: str, size: int, batch_sizes: tuple[int, ...], repeats: int = 10) -> dict:
+    """Time the bare batched denoiser forward (the pipeline's denoise_step, no engine), and
+    one request's encode and decode, to compute the batching ceiling."""
+    pipeline = load_pipeline(model)
+    engine = Engine(pipeline)  # only for its parameter resolution; never started
+    states = []
+    encode_s = []
+    for i in range(max(batch_sizes)):
+        params = engine.prepare_params(GenerationParams(prompt=f"a red circle {i}", width=size, height=size, seed=i))
+        state = RequestState(request_id=str(i), params=params)
+        started = time.perf_counter()
+        pipeline.prepare_encode(state)
+        encode_s.append(time.perf_counter() - started)
+        states.append(state)
+    started = time.perf_counter()
+    pipeline.post_decode(states[0])
+    decode_s = time.perf_counter() - started
+    per_image_step = {}
+    for b in batch_sizes:
+        batch = Batch(tuple(states[:b]))
+        pipeline.denoise_step(batch)  # warm-up
+        started = time.perf_counter()
+        for _ in range(repeats):
+            pipeline.denoise_step(batch)
+        per_image_step[b] = (time.perf_counter() - started) / repeats / b
+    return {
+        "per_image_step_s": per_image_step,
+        "encode_s": sum(encode_s[1:]) / max(1, len(encode_s) - 1) if len(encode_s) > 1 else encode_s[0],
+        "decode_s": decode_s,
+    }

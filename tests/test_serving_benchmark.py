@@ -1,0 +1,46 @@
+"""A smoke run of the serving benchmark on a tiny random FLUX checkpoint: every metric is
+there, and the ratios come from the measured records (the full run stays out of CI)."""
+
+import pytest
+
+from benchmarks import serving
+from tests.tiny_models import build_tiny_flux
+
+STUDIO = {"height": 32, "width": 32, "max_sequence_length": 16, "num_inference_steps": 4,
+          "guidance_scale": 2.0, "negative_prompt": ""}
+
+
+@pytest.fixture(scope="module")
+def tiny_flux(tmp_path_factory):
+    return build_tiny_flux(tmp_path_factory.mktemp("flux"), studio_config=STUDIO)
+
+
+def test_serving_benchmark_smoke(tiny_flux, tmp_path, capsys):
+    out = tmp_path / "serving.json"
+    result = serving.main([
+        "--model", str(tiny_flux), "--systems", "diffusers", "step4", "--requests", "6", "--users", "3",
+        "--steps-mix", "3", "5", "--sizes", "32", "--cancel-fraction", "0.3", "--seed", "3", "--out", str(out),
+    ])
+    printed = capsys.readouterr().out
+    summaries = {s["system"]: s for s in result["summaries"]}
+    assert set(summaries) == {"diffusers", "step4"}
+    for name, s in summaries.items():
+        records = next(r for r in result["results"] if r["system"] == name)["records"]
+        assert len(records) == 6
+        assert s["completed"] + s["aborted"] == 6 and s["failed"] == 0
+        # Throughput is computed from the measured wall time and completions.
+        assert s["throughput_rpm"] == pytest.approx(60 * s["completed"] / s["wall_s"])
+        for key in ("latency_mean_s", "latency_p50_s", "latency_p99_s", "queue_delay_mean_s", "admission_p50_s",
+                    "mean_batch", "peak_batch", "solo_step_s", "solo_latency_s", "peak_rss_mb"):
+            assert s[key] is not None and s[key] > 0, (name, key)
+    # The same seeded workload (seed 3 cancels two of the six) went to both systems.
+    assert summaries["diffusers"]["aborted"] == summaries["step4"]["aborted"] > 0
+    # Only stepstudio streams previews and frees a cancelled slot without decoding.
+    assert summaries["step4"]["first_preview_p50_s"] > 0 and summaries["diffusers"]["first_preview_p50_s"] is None
+    assert summaries["step4"]["cancel_latency_mean_s"] > 0
+    assert summaries["step4"]["peak_batch"] >= 2 and summaries["diffusers"]["peak_batch"] == 1
+    ratio = summaries["step4"]["throughput_rpm"] / summaries["diffusers"]["throughput_rpm"]
+    assert f"| {ratio:.2f} |" in printed
+    ceiling = result["ceiling"]
+    assert set(ceiling["per_image_step_s"]) == {1, 8} and ceiling["ceiling_rpm"] > 0
+    assert "req   0" in printed and out.exists()
