@@ -17,7 +17,7 @@ import uuid
 from collections import Counter, deque
 from dataclasses import dataclass, replace
 
-from engine.events import RequestHandle
+from engine.events import RequestHandle, deliver_pending
 from engine.limits import EngineClosedError, QueueFullError, ServingLimits, SessionLimitError
 from engine.metrics import EngineMetrics
 from engine.request import Request, RequestStatus
@@ -206,7 +206,6 @@ class Engine:
             log.exception("the engine thread crashed; ending every request")
             self._scheduler.abort_all("the engine stopped after an internal error")
         finally:
-            self._release_finished()
             self._runner.free(list(self._runner.states))
             self._phase = "stopped"
             self._publish()
@@ -232,7 +231,6 @@ class Engine:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 break
-        self._release_finished()
         self._publish()
         return True
 
@@ -277,7 +275,6 @@ class Engine:
                 request = next((r for r in scheduled.batch if r.request_id == row.request_id), None)
                 if request is not None:
                     self.metrics.first_preview_latency.observe(time.perf_counter() - request.submitted_at)
-        self._release_finished()
         self._publish()
 
     def _update_stage_mean(self, name: str, samples: list[float]) -> None:
@@ -286,10 +283,8 @@ class Engine:
             # Exponential moving average: recent work matters most, noise is smoothed.
             self._stage_means[name] = sample if previous is None else 0.8 * previous + 0.2 * sample
 
-    def _release_finished(self) -> None:
-        finished = self._scheduler.take_finished()
-        if not finished:
-            return
+    def _release(self, finished: list[Request]) -> None:
+        """Free the slots and count the outcomes of requests that just ended."""
         with self._lock:
             for request in finished:
                 self._owner.pop(request.request_id, None)
@@ -304,13 +299,21 @@ class Engine:
             if request.status == RequestStatus.FINISHED_COMPLETED:
                 self.metrics.request_latency.observe(request.finished_at - request.submitted_at)
             elif request.status == RequestStatus.FINISHED_ERROR:
-                self.metrics.errors.labels(getattr(request.handle.last_event, "stage", "engine")).inc()
+                self.metrics.errors.labels(getattr(request.final_event, "stage", "engine")).inc()
 
     # ------------------------------------------------------------------ snapshots
     def _publish(self) -> None:
+        """After a step or a batch of commands: release finished requests, publish the
+        snapshot and gauges, then send the final events and wake asyncio consumers."""
+        finished = self._scheduler.take_finished()
+        if finished:
+            self._release(finished)
         self._snapshot = self._build_snapshot()
         self.metrics.queue_depth.set(self._scheduler.num_waiting)
         self.metrics.running.set(self._scheduler.num_running)
+        for request in finished:
+            request.handle.emit(request.final_event)
+        deliver_pending()
 
     def _steps_per_s(self, now: float, window_s: float = 5.0) -> float:
         recent = [(t, rows) for t, rows in self._recent_steps if now - t <= window_s]

@@ -80,20 +80,20 @@ FINAL_EVENTS = (Completed, Aborted, Failed)
 
 
 class _LoopDelivery:
-    """Hands events to one asyncio loop, waking it once per burst instead of once per event.
+    """Hands events to one asyncio loop, waking it once per engine step instead of per event.
 
-    Waking a loop from another thread writes to its self-pipe; with 32 requests in a
-    batch that is 32 syscalls per step. Here the first event of a burst schedules one
-    flush and the rest of the burst rides along."""
+    Waking a loop from another thread writes to its self-pipe; with 32 requests in a batch
+    that would be 32 syscalls (and 32 thread switches) per step. Events wait here until the
+    emitting thread calls `deliver_pending()` at the end of its burst (the engine does
+    after every step and every batch of commands)."""
 
     _per_loop: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopDelivery]" = weakref.WeakKeyDictionary()
+    _with_pending: "set[_LoopDelivery]" = set()
     _registry_lock = threading.Lock()
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._lock = threading.Lock()
         self._pending: deque = deque()
-        self._flush_scheduled = False
 
     @classmethod
     def for_loop(cls, loop: asyncio.AbstractEventLoop) -> "_LoopDelivery":
@@ -104,25 +104,33 @@ class _LoopDelivery:
             return delivery
 
     def deliver(self, inbox: asyncio.Queue, event: "Event") -> None:
-        with self._lock:
+        with self._registry_lock:
             self._pending.append((inbox, event))
-            if self._flush_scheduled:
-                return
-            self._flush_scheduled = True
-        try:
-            self._loop.call_soon_threadsafe(self._flush)
-        except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
-            with self._lock:
-                self._pending.clear()
-                self._flush_scheduled = False
+            self._with_pending.add(self)
+
+    @classmethod
+    def wake_all(cls) -> None:
+        with cls._registry_lock:
+            ready = list(cls._with_pending)
+            cls._with_pending.clear()
+        for delivery in ready:
+            try:
+                delivery._loop.call_soon_threadsafe(delivery._flush)
+            except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
+                with cls._registry_lock:
+                    delivery._pending.clear()
 
     def _flush(self) -> None:
-        with self._lock:
+        with self._registry_lock:
             items = list(self._pending)
             self._pending.clear()
-            self._flush_scheduled = False
         for inbox, event in items:
             inbox.put_nowait(event)
+
+
+def deliver_pending() -> None:
+    """Wake every asyncio consumer that has events waiting (call after a burst of emits)."""
+    _LoopDelivery.wake_all()
 
 
 @dataclass
@@ -159,10 +167,13 @@ class RequestHandle:
         """Ask the engine to abort this request at the next step boundary (non-blocking)."""
         self._cancel(self.request_id, self.session_id)
 
-    def _subscribe(self, deliver: Callable[[Event], None]) -> Callable[[], None]:
+    def _subscribe(
+        self, deliver: Callable[[Event], None], replay: Callable[[Event], None] | None = None
+    ) -> Callable[[], None]:
+        """Replay past events through `replay` (default: `deliver`), then receive live ones."""
         with self._lock:
             for event in self._history:
-                deliver(event)
+                (replay or deliver)(event)
             self._listeners.append(deliver)
 
         def unsubscribe() -> None:
@@ -194,7 +205,9 @@ class RequestHandle:
         """Async iterator for asyncio code; ends after the final event."""
         delivery = _LoopDelivery.for_loop(asyncio.get_running_loop())
         inbox: asyncio.Queue = asyncio.Queue()
-        unsubscribe = self._subscribe(lambda event: delivery.deliver(inbox, event))
+        # Past events go straight into the inbox (we are on the loop's thread); live ones
+        # arrive through the engine's once-per-step wake-up.
+        unsubscribe = self._subscribe(lambda event: delivery.deliver(inbox, event), replay=inbox.put_nowait)
         try:
             while True:
                 event = await inbox.get()

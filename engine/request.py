@@ -42,7 +42,12 @@ class Request:
     finished_at: float | None = None
     abort_reason: str | None = None  # set when a cancel is requested; applied at the next boundary
     cancel_requested_at: float | None = None
+    # The Completed/Aborted/Failed event, emitted by the engine once the slot is released.
+    final_event: object = None
+    # Denoise steps the request really takes, once the runner knows them: some noise
+    # schedulers take more than num_inference_steps (PNDM: one more).
+    scheduled_steps: int | None = None
 
     @property
     def total_steps(self) -> int:
-        return self.params.num_inference_steps
+        return self.scheduled_steps or self.params.num_inference_steps

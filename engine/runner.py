@@ -138,6 +138,7 @@ class ModelRunner:
             return RowResult(
                 request_id,
                 steps_done=state.step_index,
+                total_steps=state.total_steps,
                 images=tuple(images),
                 is_video=self.pipeline.info.output_kind == "video",
             )
@@ -151,4 +152,4 @@ class ModelRunner:
             except Exception:  # noqa: BLE001 - a preview is a nicety, never fatal
                 log.exception("preview failed for %s; continuing without it", request_id)
             times.preview_s.append(time.perf_counter() - started)
-        return RowResult(request_id, steps_done=state.step_index, preview=preview)
+        return RowResult(request_id, steps_done=state.step_index, total_steps=state.total_steps, preview=preview)

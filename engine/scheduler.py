@@ -42,6 +42,7 @@ class RowResult:
 
     request_id: str
     steps_done: int = 0
+    total_steps: int = 0  # the request's real step count (0: unknown, use num_inference_steps)
     preview: object = None  # a small PIL image, or None
     images: tuple = ()  # decoded media when the request finished denoising
     is_video: bool = False
@@ -148,6 +149,7 @@ class Scheduler:
         return freed
 
     def take_finished(self) -> list[Request]:
+        """Requests ended since the last call; their `final_event` is still to be emitted."""
         finished, self._finished = self._finished, []
         return finished
 
@@ -207,6 +209,8 @@ class Scheduler:
                 self._finish(request, RequestStatus.FINISHED_ERROR, Failed(row.error, stage=row.error_stage))
                 continue
             request.steps_done = row.steps_done
+            if row.total_steps:
+                request.scheduled_steps = row.total_steps
             request.handle.emit(
                 Progress(
                     step=row.steps_done,
@@ -250,8 +254,10 @@ class Scheduler:
         self._last_position.pop(request.request_id, None)
         if not any(r.session_id == request.session_id for r in self.requests.values()):
             self._last_admitted.pop(request.session_id, None)
+        # Not emitted here: the engine first frees the request's slot, so a caller who
+        # resubmits as soon as it hears "completed" is never refused for a stale slot.
+        request.final_event = event
         self._finished.append(request)
-        request.handle.emit(event)
 
     def _publish_positions(self) -> None:
         """Tell each waiting request its queue position when it changed."""

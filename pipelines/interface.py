@@ -105,7 +105,10 @@ class PipelineInfo:
 
 @runtime_checkable
 class StepPipeline(Protocol):
-    """A model adapter the engine can drive step by step."""
+    """A model adapter the engine can drive step by step.
+
+    `validate` and `batch_key` run on the caller's thread at submission (they must be pure);
+    every other method runs only on the engine thread, which owns the device."""
 
     info: PipelineInfo
 

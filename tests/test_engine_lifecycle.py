@@ -72,3 +72,15 @@ def test_state_cache_is_empty_when_idle():
         assert engine.states_in_memory == 0
         assert engine.snapshot().requests == ()
         assert engine.snapshot().stats.finished == {"completed": 5}
+
+
+def test_an_asyncio_consumer_that_subscribes_after_the_end_still_gets_every_event():
+    with running_engine() as engine:
+        handle = engine.submit(params(steps=2, prompt="[fail:denoise_step]"))
+        handle.result(timeout=30)
+
+        async def consume():
+            return [type(e).__name__ async for e in handle.stream()]
+
+        kinds = asyncio.run(asyncio.wait_for(consume(), timeout=5))
+    assert kinds == ["Queued", "Started", "Failed"]

@@ -1,0 +1,122 @@
+"""Errors of the HTTP API in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+
+OpenAI clients read the status code to pick an exception class and show `message`, so
+every message says what was wrong, the value, and what is allowed. The routes raise
+`ApiError` and turn it into a response themselves, so the studio's app needs no
+exception handlers of ours.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pydantic
+from fastapi.responses import JSONResponse
+
+import engine
+
+# GenerationParams and pipeline messages start with the field they are about ("width=63 ...").
+_FIELD_AT_START = re.compile(r"^(\w+)\b")
+# Request fields the API exposes under another name.
+_API_FIELD_OF = {"width": "size", "height": "size"}
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.retry_after_s = retry_after_s
+
+    def to_response(self) -> JSONResponse:
+        headers = {"Retry-After": str(self.retry_after_s)} if self.retry_after_s is not None else None
+        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return JSONResponse(body, status_code=self.status, headers=headers)
+
+
+def invalid_value(message: str, param: str | None, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def from_validation_error(error: pydantic.ValidationError) -> ApiError:
+    """The first problem pydantic found, with the offending field as `param`."""
+    first = error.errors(include_url=False)[0]
+    location = [str(part) for part in first["loc"]]
+    param = ".".join(location) or None
+    kind = first["type"]
+    if kind == "json_invalid":
+        return ApiError(400, f"the request body is not valid JSON: {first['msg']}.", code="invalid_json")
+    if kind == "missing":
+        return ApiError(400, f"{param} is required.", param=param, code="missing_required_parameter")
+    if kind == "extra_forbidden":
+        return ApiError(400, f"unknown parameter: {param}.", param=param, code="unknown_parameter")
+    if kind == "model_type":
+        return ApiError(400, "the request body must be a JSON object.", code="invalid_type")
+    value = first.get("input")
+    shown = repr(value) if len(repr(value)) <= 80 else f"{repr(value)[:77]}..."
+    code = "invalid_type" if kind.endswith("_type") else "invalid_value"
+    return invalid_value(f"{param}={shown} is not allowed: {first['msg']}.", param, code=code)
+
+
+def from_engine_value_error(error: ValueError) -> ApiError:
+    """Engine and pipeline checks (model limits, server caps) name the field first."""
+    message = str(error)
+    match = _FIELD_AT_START.match(message)
+    field = match.group(1) if match else None
+    known = field in _API_FIELD_OF or field in {
+        "prompt", "negative_prompt", "num_inference_steps", "guidance_scale", "seed", "num_frames"
+    }
+    return invalid_value(message, _API_FIELD_OF.get(field, field) if known else None)
+
+
+def from_admission_error(error: engine.AdmissionError) -> ApiError:
+    if isinstance(error, engine.EngineClosedError):
+        return ApiError(503, str(error), type="server_error", code="shutting_down")
+    code = "session_limit" if isinstance(error, engine.SessionLimitError) else "queue_full"
+    return ApiError(429, str(error), type="rate_limit_error", code=code, retry_after_s=1)
+
+
+def unknown_model(requested: str, served: str) -> ApiError:
+    return ApiError(
+        404,
+        f"model={requested!r} is not served here; this server serves {served!r} (see GET /v1/models).",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def invalid_api_key() -> ApiError:
+    return ApiError(
+        401,
+        "a valid API key is required: send 'Authorization: Bearer <key>' (the openai client's api_key).",
+        code="invalid_api_key",
+    )
+
+
+def body_too_large(limit_bytes: int) -> ApiError:
+    return ApiError(
+        413,
+        f"the request body is larger than this server's limit of {limit_bytes} bytes; "
+        "prompts are limited to a few thousand characters.",
+        code="request_too_large",
+    )
+
+
+def generation_failed(message: str) -> ApiError:
+    return ApiError(500, f"the image could not be generated: {message}", type="server_error", code="generation_failed")
+
+
+def generation_aborted(reason: str) -> ApiError:
+    return ApiError(503, f"the request was aborted: {reason}.", type="server_error", code="request_aborted")
