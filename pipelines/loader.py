@@ -16,8 +16,10 @@ from pipelines.interface import StepPipeline
 # diffusers pipeline class -> "module:class" of our step pipeline for that family.
 FAMILIES: dict[str, str] = {
     "FluxPipeline": "pipelines.flux:FluxStepPipeline",
+    "StableDiffusion3Pipeline": "pipelines.sd3:SD3StepPipeline",
     "StableDiffusionPipeline": "pipelines.stable_diffusion:StableDiffusionStepPipeline",
     "StableDiffusionXLPipeline": "pipelines.sdxl:StableDiffusionXLStepPipeline",
+    "QwenImagePipeline": "pipelines.qwen_image:QwenImageStepPipeline",
 }
 
 BUILTIN_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "shapes-flux"

@@ -22,6 +22,7 @@ from pipelines.interface import RequestState
 from pipelines.loader import LoadOptions, resolve_device_dtype
 from pipelines.params import GenerationParams
 from pipelines.stable_diffusion import StableDiffusionStepPipeline, UNetConditioning
+from pipelines.studio_config import StudioConfig, read_studio_config
 
 # Latent -> RGB preview factors for the SDXL 4-channel latent space (as used by ComfyUI).
 SDXL_LATENT_RGB_FACTORS = (
@@ -42,19 +43,26 @@ class StableDiffusionXLStepPipeline(StableDiffusionStepPipeline):
     latent_rgb_bias = SDXL_LATENT_RGB_BIAS
     sets_scheduler_begin_index = True
 
-    def __init__(self, pipe, name: str, device: torch.device, default_scheduler: str | None = None) -> None:
+    def __init__(
+        self,
+        pipe,
+        name: str,
+        device: torch.device,
+        default_scheduler: str | None = None,
+        studio: StudioConfig | None = None,
+    ) -> None:
         # The SDXL VAE overflows in float16: __call__ upcasts it around every decode when its
         # config says force_upcast; keeping it in float32 once gives the same pixels.
         if pipe.vae.dtype == torch.float16 and pipe.vae.config.force_upcast:
             pipe.vae.to(dtype=torch.float32)
-        super().__init__(pipe, name, device, default_scheduler)
+        super().__init__(pipe, name, device, default_scheduler, studio)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, options: LoadOptions) -> "StableDiffusionXLStepPipeline":
         device, dtype = resolve_device_dtype(options)
         pipe = StableDiffusionXLPipeline.from_pretrained(path, use_safetensors=True, torch_dtype=dtype)
         pipe.set_progress_bar_config(disable=True)
-        return cls(pipe.to(device), Path(path).name, device, options.scheduler)
+        return cls(pipe.to(device), Path(path).name, device, options.scheduler, read_studio_config(Path(path)))
 
     def _encode_conditioning(self, params: GenerationParams, cfg: bool) -> UNetConditioning:
         prompt_embeds, negative_prompt_embeds, pooled, negative_pooled = self.pipe.encode_prompt(

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from diffusers import (
     DDIMScheduler,
@@ -38,8 +37,10 @@ from diffusers.utils.torch_utils import randn_tensor
 from PIL import Image
 
 from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
+from pipelines.latent_preview import LatentRgbProjection, projection_for
 from pipelines.loader import LoadOptions, resolve_device_dtype
 from pipelines.params import GenerationParams
+from pipelines.studio_config import StudioConfig, read_studio_config
 
 # Noise schedulers a request may pick by name: diffusers class + config overrides.
 # Each is built with `from_config(checkpoint scheduler config)`, so the checkpoint's
@@ -57,8 +58,8 @@ NOISE_SCHEDULERS: dict[str, tuple[type, dict[str, Any]]] = {
     "pndm": (PNDMScheduler, {}),
 }
 
-# Latent -> RGB for previews of the predicted x0 (as used by ComfyUI and others for the
-# SD 1.x/2.x 4-channel latent space): rgb = latent @ FACTORS + BIAS, then [-1, 1] -> [0, 255].
+# Latent -> RGB for previews of the predicted x0, for the SD 1.x/2.x 4-channel latent space
+# (the factors ComfyUI and others publish): rgb in [-1, 1] = latent @ FACTORS + BIAS.
 SD_LATENT_RGB_FACTORS = (
     (0.3512, 0.2297, 0.3227),
     (0.3250, 0.4974, 0.2350),
@@ -105,17 +106,12 @@ def _step_accepts(scheduler_class: type) -> tuple[bool, bool]:
     return "eta" in names, "generator" in names
 
 
-def latents_to_preview(
-    latents: torch.Tensor, factors: tuple[tuple[float, ...], ...], bias: tuple[float, ...]
-) -> Image.Image:
-    """Project one [1, C, h, w] latent to a small RGB image (one pixel per latent cell)."""
-    x = latents[0].float().cpu()
-    if x.shape[0] == len(factors):
-        rgb = torch.einsum("chw,cr->rhw", x, torch.tensor(factors)) + torch.tensor(bias)[:, None, None]
-    else:  # an unusual latent space: show its first three channels
-        rgb = x[:3] if x.shape[0] >= 3 else x[:1].expand(3, -1, -1)
-    array = ((rgb + 1.0) * 127.5).clamp(0, 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
-    return Image.fromarray(np.ascontiguousarray(array), mode="RGB")
+def _scheduler_name_of(scheduler) -> str:
+    """Our name for a checkpoint's own scheduler (e.g. SD 1.5's PNDM is "pndm"), else its class."""
+    for name, (scheduler_class, overrides) in NOISE_SCHEDULERS.items():
+        if type(scheduler) is scheduler_class and not overrides:
+            return name
+    return type(scheduler).__name__
 
 
 class StableDiffusionStepPipeline:
@@ -128,7 +124,14 @@ class StableDiffusionStepPipeline:
     # StableDiffusionXLPipeline pins the scheduler's begin index to 0; the SD 1.x one doesn't.
     sets_scheduler_begin_index = False
 
-    def __init__(self, pipe, name: str, device: torch.device, default_scheduler: str | None = None) -> None:
+    def __init__(
+        self,
+        pipe,
+        name: str,
+        device: torch.device,
+        default_scheduler: str | None = None,
+        studio: StudioConfig | None = None,
+    ) -> None:
         self.pipe = pipe
         self.unet = pipe.unet
         self.vae = pipe.vae
@@ -147,17 +150,29 @@ class StableDiffusionStepPipeline:
         if not isinstance(sample_size, int):
             sample_size = sample_size[0]
         size = sample_size * self.vae_scale_factor
+        studio = studio or StudioConfig()
+        self.preview_projection = self._preview_projection(studio)
         self.info = PipelineInfo(
             name=name,
             family=self.family,
             output_kind="image",
             defaults=ModelDefaults(
-                width=size, height=size, num_inference_steps=30, guidance_scale=self.default_guidance_scale
+                width=studio.width or size,
+                height=studio.height or size,
+                num_inference_steps=studio.num_inference_steps or 30,
+                guidance_scale=(
+                    studio.guidance_scale if studio.guidance_scale is not None else self.default_guidance_scale
+                ),
+                negative_prompt=studio.negative_prompt,
+                example_prompts=tuple(studio.example_prompts),
             ),
             uses_negative_prompt=True,
             size_multiple=self.vae_scale_factor,
             schedulers=tuple(NOISE_SCHEDULERS),
-            extras={"default_scheduler": default_scheduler or type(pipe.scheduler).__name__},
+            extras={
+                "default_scheduler": default_scheduler or _scheduler_name_of(pipe.scheduler),
+                "preview": self.preview_projection.source,
+            },
         )
 
     @classmethod
@@ -167,7 +182,7 @@ class StableDiffusionStepPipeline:
             path, use_safetensors=True, torch_dtype=dtype, safety_checker=None, requires_safety_checker=False
         )
         pipe.set_progress_bar_config(disable=True)
-        return cls(pipe.to(device), Path(path).name, device, options.scheduler)
+        return cls(pipe.to(device), Path(path).name, device, options.scheduler, read_studio_config(Path(path)))
 
     # ---------------------------------------------------------------- protocol
     def validate(self, params: GenerationParams) -> None:
@@ -176,7 +191,8 @@ class StableDiffusionStepPipeline:
             if value % self.vae_scale_factor:
                 raise ValueError(
                     f"{name}={value} must be a multiple of {self.vae_scale_factor} for {self.info.name} "
-                    f"(the VAE downsamples by {self.vae_scale_factor}); e.g. {value - value % self.vae_scale_factor}."
+                    f"(the VAE downsamples by {self.vae_scale_factor}); "
+                    f"e.g. {max(self.vae_scale_factor, value - value % self.vae_scale_factor)}."
                 )
         if params.num_frames != 1:
             raise ValueError(f"num_frames={params.num_frames}: {self.info.name} makes still images, use 1.")
@@ -280,7 +296,7 @@ class StableDiffusionStepPipeline:
         x0 = state.extra.predicted_x0 if state.extra is not None else None
         if x0 is None:
             return None
-        return latents_to_preview(x0, self.latent_rgb_factors, self.latent_rgb_bias)
+        return self.preview_projection.render(x0)
 
     # ---------------------------------------------------------------- model-specific pieces
     def _encode_conditioning(self, params: GenerationParams, cfg: bool) -> UNetConditioning:
@@ -298,6 +314,15 @@ class StableDiffusionStepPipeline:
         return None
 
     # ---------------------------------------------------------------- helpers
+    def _preview_projection(self, studio: StudioConfig) -> LatentRgbProjection:
+        """The family's published factors for its 4-channel latents, unless the model folder's
+        stepstudio.json gives its own (or the VAE is unusual: then a fitted map)."""
+        if studio.preview_rgb_factors is None and self.vae.config.latent_channels == len(self.latent_rgb_factors):
+            factors = torch.tensor(self.latent_rgb_factors) / 2.0  # [-1, 1] -> [0, 1]
+            bias = (torch.tensor(self.latent_rgb_bias) + 1.0) / 2.0
+            return LatentRgbProjection(factors, bias, f"{self.family}-vae")
+        return projection_for(self.vae, studio, self.vae_scale_factor)
+
     def _uses_cfg(self, guidance_scale: float) -> bool:
         # As diffusers' do_classifier_free_guidance: guidance-distilled UNets take the
         # scale as an embedding instead of a second, unconditional row.

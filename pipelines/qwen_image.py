@@ -1,0 +1,290 @@
+"""Qwen-Image (`QwenImagePipeline`) as a step pipeline: flow matching with true CFG.
+
+The diffusers pipeline is loaded as usual and its pieces are reused (`encode_prompt`,
+`prepare_latents`, the shift and timestep helpers, `vae`, `image_processor`); the denoise
+loop is ours. `__call__` runs the negative prompt as a second transformer forward; here the
+negative rows join the same forward as the positive ones, for every request in the batch.
+Prompts have different token counts, so text rows are zero-padded to the longest and
+masked (`encoder_hidden_states_mask`): the transformer attends to real tokens only, and
+text positions (RoPE) don't move with padding.
+
+Semantics follow `__call__`: `guidance_scale` is its `true_cfg_scale`, and CFG runs only
+when guidance_scale > 1 AND a negative prompt is given (the default negative prompt is " ",
+as Qwen-Image's model card uses). The combined prediction is rescaled to the norm of the
+conditional one, per row, as `__call__` does. Guidance-distilled variants
+(`guidance_embeds=True`) are not supported.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers import QwenImagePipeline
+from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift, retrieve_timesteps
+from PIL import Image
+
+from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
+from pipelines.latent_preview import LatentRgbProjection
+from pipelines.loader import LoadOptions, resolve_device_dtype
+from pipelines.params import GenerationParams
+from pipelines.studio_config import StudioConfig, read_studio_config
+
+SCHEDULER_NAME = "flow-match-euler"  # the only noise scheduler Qwen-Image is trained for
+MAX_SEQUENCE_LENGTH = 512  # __call__'s default prompt token limit
+
+# Latent -> RGB preview factors for the Wan 2.1 VAE latent space that Qwen-Image uses
+# (as published with ComfyUI), on normalized latents: rgb in [-1, 1] = latent @ F + B.
+WAN_LATENT_RGB_FACTORS = (
+    (-0.1299, -0.1692, 0.2932), (0.0671, 0.0406, 0.0442), (0.3568, 0.2548, 0.1747), (0.0372, 0.2344, 0.1420),
+    (0.0313, 0.0189, -0.0328), (0.0296, -0.0956, -0.0665), (-0.3477, -0.4059, -0.2925), (0.0166, 0.1902, 0.1975),
+    (-0.0412, 0.0267, -0.1364), (-0.1293, 0.0740, 0.1636), (0.0680, 0.3019, 0.1128), (0.0032, 0.0581, 0.0639),
+    (-0.1251, 0.0927, 0.1699), (0.0060, -0.0633, 0.0005), (0.3477, 0.2275, 0.2950), (0.1984, 0.0913, 0.1861),
+)
+WAN_LATENT_RGB_BIAS = (-0.1835, -0.0868, -0.3360)
+
+
+@dataclass(frozen=True)
+class QwenImageBatchKey:
+    """Rows share a forward with the same image size (RoPE image shapes are shared) and the
+    same CFG layout. Guidance scale, prompt lengths, steps and seed are per row."""
+
+    width: int
+    height: int
+    true_cfg: bool
+
+
+@dataclass
+class QwenImageConditioning:
+    prompt_embeds: torch.Tensor  # [1, tokens, dim], this prompt's own token count
+    negative_prompt_embeds: torch.Tensor | None  # set when CFG is on
+    guidance_scale: float
+
+
+@dataclass
+class QwenImageRequestExtra:
+    predicted_x0: torch.Tensor | None = None  # packed, after the last step, for previews only
+
+
+def pad_text_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Stack [1, L_i, D] text rows into [N, max L, D] with zero padding, and the mask of real
+    tokens; no mask when every row has the same length (exactly what __call__ passes then)."""
+    longest = max(row.shape[1] for row in rows)
+    if all(row.shape[1] == longest for row in rows):
+        return torch.cat(rows), None
+    padded = torch.cat([torch.nn.functional.pad(row, (0, 0, 0, longest - row.shape[1])) for row in rows])
+    mask = torch.zeros(len(rows), longest, dtype=torch.bool, device=padded.device)
+    for index, row in enumerate(rows):
+        mask[index, : row.shape[1]] = True
+    return padded, mask
+
+
+class QwenImageStepPipeline:
+    """Qwen-Image driven one co-batched denoise step at a time."""
+
+    family = "qwen-image"
+
+    def __init__(self, pipe, name: str, device: torch.device, studio: StudioConfig | None = None) -> None:
+        if pipe.transformer.config.guidance_embeds:
+            raise ValueError(
+                f"{name}: guidance-distilled Qwen-Image transformers (guidance_embeds=True) are not supported; "
+                "use a checkpoint with true CFG such as Qwen/Qwen-Image."
+            )
+        self.pipe = pipe
+        self.transformer = pipe.transformer
+        self.vae = pipe.vae
+        self.device = device
+        self.vae_scale_factor = pipe.vae_scale_factor
+        # Latents are packed in 2x2 patches: image sides must divide by twice the VAE factor.
+        self.size_multiple = pipe.vae_scale_factor * 2
+        self._scheduler_template = copy.deepcopy(pipe.scheduler)  # pristine: requests get copies
+        studio = studio or StudioConfig()
+        self.preview_projection = self._preview_projection(studio)
+        size = pipe.default_sample_size * pipe.vae_scale_factor
+        self.info = PipelineInfo(
+            name=name,
+            family=self.family,
+            output_kind="image",
+            defaults=ModelDefaults(
+                width=studio.width or size,
+                height=studio.height or size,
+                num_inference_steps=studio.num_inference_steps or 30,
+                guidance_scale=studio.guidance_scale if studio.guidance_scale is not None else 4.0,
+                negative_prompt=studio.negative_prompt if studio.negative_prompt is not None else " ",
+                example_prompts=tuple(studio.example_prompts),
+            ),
+            uses_negative_prompt=True,
+            size_multiple=self.size_multiple,
+            schedulers=(SCHEDULER_NAME,),
+            extras={"default_scheduler": SCHEDULER_NAME, "preview": self.preview_projection.source},
+        )
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, options: LoadOptions) -> "QwenImageStepPipeline":
+        if options.scheduler not in (None, SCHEDULER_NAME):
+            raise ValueError(f"scheduler={options.scheduler!r}: Qwen-Image offers only {SCHEDULER_NAME!r}.")
+        device, dtype = resolve_device_dtype(options)
+        pipe = QwenImagePipeline.from_pretrained(path, use_safetensors=True, torch_dtype=dtype)
+        pipe.set_progress_bar_config(disable=True)
+        return cls(pipe.to(device), Path(path).name, device, read_studio_config(Path(path)))
+
+    # ---------------------------------------------------------------- protocol
+    def validate(self, params: GenerationParams) -> None:
+        for name in ("width", "height"):
+            value = getattr(params, name)
+            if value % self.size_multiple:
+                raise ValueError(
+                    f"{name}={value} must be a multiple of {self.size_multiple} for {self.info.name} "
+                    f"(VAE factor {self.vae_scale_factor} x 2x2 latent patches); "
+                    f"e.g. {max(self.size_multiple, value - value % self.size_multiple)}."
+                )
+        if params.num_frames != 1:
+            raise ValueError(f"num_frames={params.num_frames}: {self.info.name} makes still images, use 1.")
+        if params.scheduler not in (None, SCHEDULER_NAME):
+            raise ValueError(
+                f"scheduler={params.scheduler!r} is not a noise scheduler this model offers; "
+                f"allowed is: {SCHEDULER_NAME} (or leave it unset)."
+            )
+
+    def batch_key(self, params: GenerationParams) -> QwenImageBatchKey:
+        return QwenImageBatchKey(params.width, params.height, self._uses_cfg(params))
+
+    @torch.no_grad()
+    def prepare_encode(self, state: RequestState) -> None:
+        params = state.params
+        cfg = self._uses_cfg(params)
+        prompt_embeds, _ = self.pipe.encode_prompt(
+            prompt=params.prompt, device=self.device, max_sequence_length=MAX_SEQUENCE_LENGTH
+        )
+        negative_prompt_embeds = None
+        if cfg:
+            negative_prompt_embeds, _ = self.pipe.encode_prompt(
+                prompt=params.negative_prompt, device=self.device, max_sequence_length=MAX_SEQUENCE_LENGTH
+            )
+        state.conditioning = QwenImageConditioning(prompt_embeds, negative_prompt_embeds, float(params.guidance_scale))
+
+        state.generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        state.latents = self.pipe.prepare_latents(
+            1,
+            self.transformer.config.in_channels // 4,
+            params.height,
+            params.width,
+            prompt_embeds.dtype,
+            self.device,
+            state.generator,
+        )
+
+        # The request's own scheduler, with __call__'s sigmas and resolution-dependent shift.
+        scheduler = copy.deepcopy(self._scheduler_template)
+        steps = params.num_inference_steps
+        config = scheduler.config
+        mu = calculate_shift(
+            state.latents.shape[1],
+            config.get("base_image_seq_len", 256),
+            config.get("max_image_seq_len", 4096),
+            config.get("base_shift", 0.5),
+            config.get("max_shift", 1.15),
+        )
+        sigmas = np.linspace(1.0, 1 / steps, steps)
+        state.timesteps, _ = retrieve_timesteps(scheduler, steps, self.device, sigmas=sigmas, mu=mu)
+        scheduler.set_begin_index(0)
+        state.noise_scheduler = scheduler
+        state.step_index = 0
+        state.extra = QwenImageRequestExtra()
+
+    @torch.no_grad()
+    def denoise_step(self, batch: Batch) -> list[torch.Tensor]:
+        states = batch.states
+        conds = [s.conditioning for s in states]
+        cfg = conds[0].negative_prompt_embeds is not None  # equal for all: batch key
+        latents = torch.cat([s.latents for s in states])
+        timesteps = torch.stack([s.current_timestep for s in states]).to(latents.dtype)
+        text_rows = [c.prompt_embeds for c in conds]
+        if cfg:  # positive rows first, then negative rows, in one forward
+            latents = torch.cat([latents, latents])
+            timesteps = torch.cat([timesteps, timesteps])
+            text_rows += [c.negative_prompt_embeds for c in conds]
+        text, text_mask = pad_text_rows(text_rows)
+        params = states[0].params
+        patches = (1, params.height // self.vae_scale_factor // 2, params.width // self.vae_scale_factor // 2)
+
+        prediction = self.transformer(
+            hidden_states=latents,
+            timestep=timesteps / 1000,
+            guidance=None,
+            encoder_hidden_states_mask=text_mask,
+            encoder_hidden_states=text,
+            img_shapes=[[patches]] * len(text_rows),
+            attention_kwargs={},
+            return_dict=False,
+        )[0]
+
+        if not cfg:
+            return list(prediction.split(1))
+        positives, negatives = prediction.chunk(2)
+        results = []
+        for positive, negative, cond in zip(positives.split(1), negatives.split(1), conds):
+            combined = negative + cond.guidance_scale * (positive - negative)
+            # Keep the conditional prediction's norm, per token, as __call__ does.
+            positive_norm = torch.norm(positive, dim=-1, keepdim=True)
+            combined_norm = torch.norm(combined, dim=-1, keepdim=True)
+            results.append(combined * (positive_norm / combined_norm))
+        return results
+
+    @torch.no_grad()
+    def step_scheduler(self, state: RequestState, prediction: torch.Tensor) -> None:
+        scheduler = state.noise_scheduler
+        if state.params.preview_every:
+            # Flow matching: x_t = (1 - sigma) x0 + sigma noise and v = noise - x0.
+            sigma = scheduler.sigmas[state.step_index].to(state.latents.device, state.latents.dtype)
+            state.extra.predicted_x0 = state.latents - sigma * prediction
+        state.latents = scheduler.step(prediction, state.current_timestep, state.latents, return_dict=False)[0]
+        state.step_index += 1
+
+    @torch.no_grad()
+    def post_decode(self, state: RequestState) -> list[Image.Image]:
+        params = state.params
+        latents = self.pipe._unpack_latents(state.latents, params.height, params.width, self.vae_scale_factor)
+        latents = latents.to(self.vae.dtype)
+        z_dim = self.vae.config.z_dim
+        mean = torch.tensor(self.vae.config.latents_mean).view(1, z_dim, 1, 1, 1).to(latents.device, latents.dtype)
+        std_inverse = 1.0 / torch.tensor(self.vae.config.latents_std).view(1, z_dim, 1, 1, 1).to(
+            latents.device, latents.dtype
+        )
+        latents = latents / std_inverse + mean
+        image = self.vae.decode(latents, return_dict=False)[0][:, :, 0]
+        return self.pipe.image_processor.postprocess(image, output_type="pil")
+
+    @torch.no_grad()
+    def preview(self, state: RequestState) -> Image.Image | None:
+        x0 = state.extra.predicted_x0 if state.extra is not None else None
+        if x0 is None:
+            return None
+        params = state.params
+        grid = self.pipe._unpack_latents(x0, params.height, params.width, self.vae_scale_factor)  # [1, C, 1, h, w]
+        return self.preview_projection.render(grid[0, :, 0])
+
+    # ---------------------------------------------------------------- helpers
+    @staticmethod
+    def _uses_cfg(params: GenerationParams) -> bool:
+        return params.guidance_scale > 1 and params.negative_prompt is not None
+
+    def _preview_projection(self, studio: StudioConfig) -> LatentRgbProjection:
+        """stepstudio.json's factors, else the Wan 2.1 factors for 16 latent channels, else
+        (a tiny or unusual VAE) the first three channels as RGB."""
+        if studio.preview_rgb_factors is not None:
+            return LatentRgbProjection(
+                torch.tensor(studio.preview_rgb_factors), torch.tensor(studio.preview_rgb_bias), "stepstudio.json"
+            )
+        channels = self.vae.config.z_dim
+        if channels == len(WAN_LATENT_RGB_FACTORS):
+            factors = torch.tensor(WAN_LATENT_RGB_FACTORS) / 2.0  # [-1, 1] -> [0, 1]
+            bias = (torch.tensor(WAN_LATENT_RGB_BIAS) + 1.0) / 2.0
+            return LatentRgbProjection(factors, bias, "wan-2.1-vae")
+        factors = torch.zeros(channels, 3)
+        for index in range(min(3, channels)):
+            factors[index, index] = 0.5
+        return LatentRgbProjection(factors, torch.full((3,), 0.5), "first-three-channels")
