@@ -1,0 +1,294 @@
+"""Stable Diffusion 3 / 3.5 as a step pipeline: diffusers' StableDiffusion3Pipeline pieces, our own step loop.
+
+Reads top to bottom like `StableDiffusion3Pipeline.__call__`, cut at the step boundaries:
+
+    prepare_encode   encode_prompt: two CLIPs + T5 joint text, and the negative prompt for CFG;
+                     the request's own generator -> prepare_latents; its own FlowMatchEuler
+                     scheduler with the checkpoint's shift (and `mu` if it shifts dynamically)
+    denoise_step     ONE joint-transformer forward for every row and every CFG negative row
+    step_scheduler   the request's scheduler.step; remembers x0 for the preview
+    post_decode      un-normalize, VAE decode, postprocess to PIL
+
+CFG is on when guidance_scale > 1 (SD3's rule); a missing negative prompt is "" as in
+diffusers. Rows carry their own timestep and guidance scale, and the text length is fixed
+(77 CLIP + max_sequence_length T5 tokens), so the batch key is just the image size.
+Skip-layer guidance (SD3.5 medium's optional extra forward) is not offered.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from diffusers import StableDiffusion3Pipeline
+from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift, retrieve_timesteps
+from PIL import Image
+
+from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
+from pipelines.latent_preview import LatentRgbProjection, projection_for
+from pipelines.loader import LoadOptions, resolve_device_dtype
+from pipelines.params import GenerationParams
+from pipelines.studio_config import StudioConfig, read_studio_config
+
+FLOW_MATCH_EULER = "flow-match-euler"
+SCHEDULERS = (FLOW_MATCH_EULER,)  # the checkpoint's own, with its shift
+MAX_SEQUENCE_LENGTH = 512  # StableDiffusion3Pipeline's limit for the T5 prompt
+DEFAULT_SEQUENCE_LENGTH = 256  # StableDiffusion3Pipeline's default
+
+
+@dataclass(frozen=True)
+class SD3BatchKey:
+    height: int
+    width: int
+    max_sequence_length: int
+
+
+@dataclass
+class SD3Conditioning:
+    prompt_embeds: torch.Tensor  # [1, 77 + max_sequence_length, joint_attention_dim]
+    pooled_prompt_embeds: torch.Tensor  # [1, pooled_projection_dim]
+    guidance_scale: float
+    # Present only when CFG is on for this request.
+    negative_prompt_embeds: torch.Tensor | None = None
+    negative_pooled_prompt_embeds: torch.Tensor | None = None
+
+    @property
+    def cfg(self) -> bool:
+        return self.negative_prompt_embeds is not None
+
+
+@dataclass
+class SD3RequestData:
+    """Model-private per-request data (RequestState.extra)."""
+
+    mu: float | None  # dynamic-shifting parameter, None for a fixed shift
+    predicted_x0: torch.Tensor | None = None  # after the last step (kept only for previews)
+
+
+class SD3StepPipeline:
+    """A Stable Diffusion 3 checkpoint driven one denoise step at a time (see the module docstring)."""
+
+    def __init__(
+        self,
+        pipe: StableDiffusion3Pipeline,
+        device: torch.device,
+        name: str = "sd3",
+        studio: StudioConfig | None = None,
+        compile_transformer: bool = False,
+    ) -> None:
+        self.pipe = pipe
+        self.device = device
+        self.studio = studio or StudioConfig()
+        self.transformer = pipe.transformer
+        self.vae = pipe.vae
+        self.vae_scale_factor = pipe.vae_scale_factor
+        self.size_multiple = pipe.vae_scale_factor * pipe.patch_size
+        self.max_sequence_length = self.studio.max_sequence_length or DEFAULT_SEQUENCE_LENGTH
+        if not 1 <= self.max_sequence_length <= MAX_SEQUENCE_LENGTH:
+            raise ValueError(
+                f"max_sequence_length={self.max_sequence_length} is not allowed for SD3: use 1..{MAX_SEQUENCE_LENGTH}."
+            )
+        # Pristine template: every request deep-copies it; nobody ever steps it.
+        self._scheduler_template = copy.deepcopy(pipe.scheduler)
+        if compile_transformer:
+            # Off by default: the first forwards of each new batch size recompile.
+            self.transformer.compile()
+        self.preview_projection: LatentRgbProjection = projection_for(self.vae, self.studio, self.vae_scale_factor)
+        default_size = pipe.default_sample_size * self.vae_scale_factor
+        self.info = PipelineInfo(
+            name=name,
+            family="sd3",
+            output_kind="image",
+            # StableDiffusion3Pipeline's own defaults: 1024^2 for SD3, 28 steps, guidance 7.
+            defaults=ModelDefaults(
+                width=self.studio.width or default_size,
+                height=self.studio.height or default_size,
+                num_inference_steps=self.studio.num_inference_steps or 28,
+                guidance_scale=7.0 if self.studio.guidance_scale is None else self.studio.guidance_scale,
+                negative_prompt=self.studio.negative_prompt,
+                example_prompts=tuple(self.studio.example_prompts),
+            ),
+            uses_negative_prompt=True,
+            size_multiple=self.size_multiple,
+            schedulers=SCHEDULERS,
+            extras={
+                "guidance": "CFG when guidance_scale > 1 (negative prompt rows share the forward)",
+                "max_sequence_length": str(self.max_sequence_length),
+                "shift": str(pipe.scheduler.config.get("shift")),
+                "preview": self.preview_projection.source,
+                "vocabulary": " ".join(sorted(self.studio.vocabulary)),
+            },
+        )
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, options: LoadOptions | None = None, *, compile_transformer: bool = False
+    ) -> "SD3StepPipeline":
+        """Load a diffusers SD3 folder (safetensors only). Attention is PyTorch SDPA."""
+        options = options or LoadOptions()
+        path = Path(path)
+        if options.scheduler not in (None, *SCHEDULERS):
+            raise ValueError(
+                f"scheduler={options.scheduler!r} is not available for SD3; available: {', '.join(SCHEDULERS)}."
+            )
+        device, dtype = resolve_device_dtype(options)
+        studio = read_studio_config(path)
+        try:
+            pipe = StableDiffusion3Pipeline.from_pretrained(path, use_safetensors=True, torch_dtype=dtype)
+        except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint gets the same clear error
+            raise ValueError(
+                f"could not load {path} as a Stable Diffusion 3 checkpoint ({type(exc).__name__}: {exc}). "
+                "The folder must be a complete StableDiffusion3Pipeline.save_pretrained() folder "
+                "with safetensors weights."
+            ) from exc
+        pipe.to(device)
+        pipe.set_progress_bar_config(disable=True)
+        return cls(pipe, device, name=path.name, studio=studio, compile_transformer=compile_transformer)
+
+    # ------------------------------------------------------------------ words
+    def unknown_words(self, prompt: str) -> list[str]:
+        """Words the model never learned (only for models whose stepstudio.json lists a vocabulary)."""
+        return self.studio.unknown_words(prompt)
+
+    def _model_text(self, text: str) -> str:
+        return text.lower() if self.studio.vocabulary else text
+
+    # ------------------------------------------------------------------ protocol
+    def validate(self, params: GenerationParams) -> None:
+        multiple = self.size_multiple
+        for name in ("height", "width"):
+            value = getattr(params, name)
+            if value % multiple:
+                lower = max(multiple, value - value % multiple)
+                raise ValueError(
+                    f"{name}={value} is not allowed: SD3 needs a multiple of {multiple} "
+                    f"(e.g. {lower} or {lower + multiple})."
+                )
+        if params.num_frames != 1:
+            raise ValueError(f"num_frames={params.num_frames} is not allowed: SD3 makes images, use 1.")
+        if params.scheduler not in (None, *SCHEDULERS):
+            raise ValueError(
+                f"scheduler={params.scheduler!r} is not available for SD3; available: {', '.join(SCHEDULERS)}."
+            )
+
+    def batch_key(self, params: GenerationParams) -> SD3BatchKey:
+        return SD3BatchKey(height=params.height, width=params.width, max_sequence_length=self.max_sequence_length)
+
+    @torch.no_grad()
+    def prepare_encode(self, state: RequestState) -> None:
+        params = state.params
+        pipe = self.pipe
+        cfg = params.guidance_scale > 1.0
+        prompt = self._model_text(params.prompt)
+        negative = self._model_text(params.negative_prompt or "") if cfg else None
+        prompt_embeds, negative_embeds, pooled, negative_pooled = pipe.encode_prompt(
+            prompt=prompt,
+            prompt_2=None,
+            prompt_3=None,
+            device=self.device,
+            do_classifier_free_guidance=cfg,
+            negative_prompt=negative,
+            max_sequence_length=self.max_sequence_length,
+        )
+        state.conditioning = SD3Conditioning(
+            prompt_embeds,
+            pooled,
+            float(params.guidance_scale),
+            negative_prompt_embeds=negative_embeds if cfg else None,
+            negative_pooled_prompt_embeds=negative_pooled if cfg else None,
+        )
+
+        # The request's own generator: the same seed gives the same noise as the stock pipeline.
+        state.generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        state.latents = pipe.prepare_latents(
+            1,
+            self.transformer.config.in_channels,
+            params.height,
+            params.width,
+            prompt_embeds.dtype,
+            self.device,
+            state.generator,
+        )
+
+        # The request's own scheduler: the checkpoint's shift, or this image size's mu.
+        scheduler = copy.deepcopy(self._scheduler_template)
+        mu = None
+        if scheduler.config.get("use_dynamic_shifting", None):
+            patch = self.transformer.config.patch_size
+            _, _, latent_height, latent_width = state.latents.shape
+            mu = calculate_shift(
+                (latent_height // patch) * (latent_width // patch),
+                scheduler.config.get("base_image_seq_len", 256),
+                scheduler.config.get("max_image_seq_len", 4096),
+                scheduler.config.get("base_shift", 0.5),
+                scheduler.config.get("max_shift", 1.16),
+            )
+        kwargs = {} if mu is None else {"mu": mu}
+        state.timesteps, _ = retrieve_timesteps(scheduler, params.num_inference_steps, self.device, **kwargs)
+        state.noise_scheduler = scheduler
+        state.step_index = 0
+        state.extra = SD3RequestData(mu=mu)
+
+    @torch.no_grad()
+    def denoise_step(self, batch: Batch) -> list[torch.Tensor]:
+        latents, embeds, pooled, timesteps = [], [], [], []
+        for state in batch.states:
+            c: SD3Conditioning = state.conditioning
+            rows = [(c.prompt_embeds, c.pooled_prompt_embeds)]
+            if c.cfg:  # the negative row rides in the same forward
+                rows.append((c.negative_prompt_embeds, c.negative_pooled_prompt_embeds))
+            for row_embeds, row_pooled in rows:
+                latents.append(state.latents)
+                embeds.append(row_embeds)
+                pooled.append(row_pooled)
+                timesteps.append(state.current_timestep)
+
+        noise_pred = self.transformer(
+            hidden_states=torch.cat(latents),
+            timestep=torch.stack(timesteps),  # per row, in the scheduler's 0..1000 scale as SD3 expects
+            encoder_hidden_states=torch.cat(embeds),
+            pooled_projections=torch.cat(pooled),
+            return_dict=False,
+        )[0]
+
+        predictions, row = [], 0
+        for state in batch.states:
+            c = state.conditioning
+            prediction = noise_pred[row : row + 1]
+            row += 1
+            if c.cfg:
+                uncond = noise_pred[row : row + 1]
+                row += 1
+                prediction = uncond + c.guidance_scale * (prediction - uncond)
+            predictions.append(prediction)
+        return predictions
+
+    @torch.no_grad()
+    def step_scheduler(self, state: RequestState, prediction: torch.Tensor) -> None:
+        scheduler = state.noise_scheduler
+        if state.params.preview_every:
+            # FlowMatchEuler returns no pred_original_sample: x0 = x_t - sigma * v.
+            sigma = scheduler.sigmas[state.step_index].to(state.latents.device)
+            state.extra.predicted_x0 = state.latents - sigma * prediction
+        state.latents = scheduler.step(
+            prediction, state.current_timestep, state.latents, generator=state.generator, return_dict=False
+        )[0]
+        state.step_index += 1
+
+    @torch.no_grad()
+    def decode(self, state: RequestState, output_type: str = "pil"):
+        """StableDiffusion3Pipeline's decode of the request's latents: "pil", "np" or "pt" output."""
+        latents = (state.latents / self.vae.config.scaling_factor) + self.vae.config.shift_factor
+        image = self.vae.decode(latents.to(self.vae.device), return_dict=False)[0]
+        return self.pipe.image_processor.postprocess(image, output_type=output_type)
+
+    def post_decode(self, state: RequestState) -> list[Image.Image]:
+        return self.decode(state, output_type="pil")
+
+    @torch.no_grad()
+    def preview(self, state: RequestState) -> Image.Image:
+        """The predicted x0 on the latent grid (height / vae_scale_factor), linearly mapped to RGB."""
+        x0 = state.extra.predicted_x0 if state.extra.predicted_x0 is not None else state.latents
+        return self.preview_projection.render(x0[0])

@@ -1,0 +1,349 @@
+"""FluxStepPipeline against the stock diffusers FluxPipeline, on tiny random-weight checkpoints.
+
+Parity is checked twice: through the engine (decoded uint8 images) and through the step
+protocol driven by hand (float outputs, so the bound is tight and arrivals are exact).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from diffusers import FluxPipeline
+from diffusers.utils import logging as diffusers_logging
+
+from engine import Completed, Engine, GenerationParams, Progress
+from pipelines.flux import FluxBatchKey, FluxStepPipeline
+from pipelines.interface import StepPipeline
+from pipelines.latent_preview import fit_projection, projection_for
+from pipelines.loader import load_pipeline
+from pipelines.studio_config import StudioConfig
+from tests.protocol_driver import SubmitDuringForward, drive, max_abs_diff
+from tests.tiny_models import T5_LENGTH, build_tiny_flux
+
+diffusers_logging.set_verbosity_error()
+diffusers_logging.disable_progress_bar()
+
+SIZE = 32  # pixels; 16x16 latents, 64 packed tokens
+STUDIO_CONFIG = {
+    "height": SIZE,
+    "width": SIZE,
+    "max_sequence_length": T5_LENGTH,
+    "num_inference_steps": 4,
+    "guidance_scale": 1.0,
+    "negative_prompt": "",
+    "example_prompts": ["a red circle"],
+}
+FLOAT_TOLERANCE = 1e-5
+
+
+# ---------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="session")
+def tiny_flux_checkpoint(tmp_path_factory):
+    """A schnell-style tiny FLUX folder (no guidance embedding) with a stepstudio.json."""
+    return build_tiny_flux(tmp_path_factory.mktemp("tiny-flux") / "model", studio_config=STUDIO_CONFIG)
+
+
+@pytest.fixture(scope="session")
+def tiny_flux_dev_checkpoint(tmp_path_factory):
+    """A dev-style tiny FLUX folder (guidance embedding), without stepstudio.json."""
+    return build_tiny_flux(tmp_path_factory.mktemp("tiny-flux-dev") / "model", guidance_embeds=True)
+
+
+@pytest.fixture(scope="session")
+def flux(tiny_flux_checkpoint):
+    return load_pipeline(str(tiny_flux_checkpoint))
+
+
+@pytest.fixture(scope="session")
+def flux_dev(tiny_flux_dev_checkpoint):
+    return load_pipeline(str(tiny_flux_dev_checkpoint))
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_flux_checkpoint):
+    return FluxPipeline.from_pretrained(tiny_flux_checkpoint, use_safetensors=True)
+
+
+@pytest.fixture(scope="session")
+def reference_dev(tiny_flux_dev_checkpoint):
+    return FluxPipeline.from_pretrained(tiny_flux_dev_checkpoint, use_safetensors=True)
+
+
+# ---------------------------------------------------------------------------- helpers
+def make_params(prompt="a red circle", seed=1, steps=4, guidance=1.0, negative=None, **extra) -> GenerationParams:
+    fields = dict(width=SIZE, height=SIZE, num_frames=1)
+    fields.update(extra)
+    return GenerationParams(
+        prompt=prompt, negative_prompt=negative, num_inference_steps=steps, guidance_scale=guidance, seed=seed, **fields
+    )
+
+
+def stock_output(reference_pipe, p: GenerationParams, output_type: str, guidance_embeds: bool = False):
+    """What diffusers' own FluxPipeline.__call__ makes for the same request."""
+    if guidance_embeds:
+        guidance = {"guidance_scale": p.guidance_scale}
+    elif p.guidance_scale > 1 and p.negative_prompt is not None:
+        guidance = {"true_cfg_scale": p.guidance_scale, "negative_prompt": p.negative_prompt}
+    else:
+        guidance = {}
+    return reference_pipe(
+        p.prompt,
+        height=p.height,
+        width=p.width,
+        num_inference_steps=p.num_inference_steps,
+        max_sequence_length=T5_LENGTH,
+        generator=torch.Generator("cpu").manual_seed(p.seed),
+        output_type=output_type,
+        **guidance,
+    ).images
+
+
+def pixels(final) -> np.ndarray:
+    assert isinstance(final, Completed), f"expected a completed request, got {final!r}"
+    return np.asarray(final.images[0])
+
+
+# ---------------------------------------------------------------------------- parity
+def test_engine_batch_of_one_matches_flux_pipeline(flux, reference):
+    p = make_params(seed=7, steps=5)
+    engine = Engine(flux, mode="step", max_batch=8).start()
+    try:
+        final = engine.submit(p, session_id="a").result(timeout=60)
+    finally:
+        engine.close()
+    expected = np.asarray(stock_output(reference, p, "pil")[0])
+    assert pixels(final).shape == (SIZE, SIZE, 3)
+    assert np.array_equal(pixels(final), expected)
+
+
+def test_step_protocol_matches_flux_pipeline_output_tensor(flux, reference):
+    p = make_params(seed=11, steps=6)
+    [state] = drive(flux, [(0, p)])
+    assert max_abs_diff(flux.decode(state, "np"), stock_output(reference, p, "np")) <= FLOAT_TOLERANCE
+    assert max_abs_diff(state.latents, stock_output(reference, p, "latent")) <= FLOAT_TOLERANCE
+
+
+def test_cobatched_requests_with_staggered_arrivals_match_their_solo_runs(flux, reference):
+    requests = [
+        (0, make_params("a red circle", seed=1, steps=6)),
+        (2, make_params("a blue square on the left", seed=2, steps=3)),
+        (3, make_params("a green triangle", seed=3, steps=5, guidance=3.0, negative="blurry")),  # true CFG row
+    ]
+    states = drive(flux, requests)
+    for (_, p), state in zip(requests, states):
+        assert state.step_index == p.num_inference_steps
+        assert max_abs_diff(flux.decode(state, "np"), stock_output(reference, p, "np")) <= FLOAT_TOLERANCE
+
+
+def test_engine_cobatches_mid_run_arrivals_and_matches_flux_pipeline(flux, reference):
+    first = make_params("a red circle", seed=1, steps=8)
+    joiners = {  # forward number during which each one is submitted
+        1: make_params("a blue square on the left", seed=2, steps=4),
+        3: make_params("a green triangle", seed=3, steps=5, guidance=3.0, negative="blurry"),
+    }
+    planned = SubmitDuringForward(flux, joiners)
+    engine = planned.engine = Engine(planned, mode="step", max_batch=8).start()
+    try:
+        handle = engine.submit(first, session_id="a")
+        results = [(first, handle.result(timeout=60))]
+        results += [(joiners[k], h.result(timeout=60)) for k, h in planned.handles.items()]
+        joined_batch_sizes = {
+            k: [e.batch_size for e in h.events(timeout=1) if isinstance(e, Progress)] for k, h in planned.handles.items()
+        }
+    finally:
+        engine.close()
+
+    # Joiner 1 runs in forwards 2..5, joiner 3 in forwards 4..8, the first request in 1..8.
+    assert joined_batch_sizes == {1: [2, 2, 3, 3], 3: [3, 3, 2, 2, 2]}
+    for p, final in results:
+        expected = np.asarray(stock_output(reference, p, "pil")[0])
+        # Batched and single forwards differ by float rounding (<= 1e-6): at most one uint8 level.
+        assert max_abs_diff(pixels(final), expected) <= 1
+
+
+def test_true_cfg_with_negative_prompt_matches_flux_pipeline(flux, reference):
+    p = make_params("a red circle", seed=5, steps=4, guidance=4.0, negative="blurry")
+    [state] = drive(flux, [(0, p)])
+    assert state.conditioning.true_cfg
+    assert max_abs_diff(flux.decode(state, "np"), stock_output(reference, p, "np")) <= FLOAT_TOLERANCE
+    no_cfg = make_params("a red circle", seed=5, steps=4, guidance=1.0, negative="blurry")
+    [plain] = drive(flux, [(0, no_cfg)])
+    assert not plain.conditioning.true_cfg
+    assert max_abs_diff(plain.latents, state.latents) > 1e-3  # CFG really changed the result
+
+
+def test_guidance_embedding_model_matches_flux_pipeline_with_per_row_scales(flux_dev, reference_dev):
+    assert flux_dev.guidance_embeds and not flux_dev.info.uses_negative_prompt
+    requests = [
+        (0, make_params("a red circle", seed=1, steps=4, guidance=3.5)),
+        (1, make_params("a blue square", seed=2, steps=3, guidance=7.0)),
+    ]
+    states = drive(flux_dev, requests)
+    for (_, p), state in zip(requests, states):
+        expected = stock_output(reference_dev, p, "np", guidance_embeds=True)
+        assert max_abs_diff(flux_dev.decode(state, "np"), expected) <= FLOAT_TOLERANCE
+
+
+def test_requests_share_a_batch_key_across_steps_seeds_prompts_and_guidance(flux):
+    a = make_params("a red circle", seed=1, steps=4, guidance=1.0)
+    b = make_params("a blue square", seed=9, steps=20, guidance=5.0, negative="blurry")
+    assert flux.batch_key(a) == flux.batch_key(b) == FluxBatchKey(SIZE, SIZE, T5_LENGTH)
+    wider = make_params(width=SIZE * 2)
+    assert flux.batch_key(wider) != flux.batch_key(a)
+
+
+# ---------------------------------------------------------------------------- preview
+def test_engine_previews_are_small_rgb_images_on_the_latent_grid(flux):
+    engine = Engine(flux, mode="step", max_batch=8).start()
+    try:
+        handle = engine.submit(make_params(seed=3, steps=4, preview_every=1), session_id="a")
+        previews = [e.preview for e in handle.events(timeout=60) if isinstance(e, Progress) and e.preview is not None]
+    finally:
+        engine.close()
+    latent_grid = SIZE // flux.vae_scale_factor
+    assert len(previews) == 3  # every step but the last, which is decoded instead
+    for preview in previews:
+        assert preview.mode == "RGB" and preview.size == (latent_grid, latent_grid)
+    assert not np.array_equal(np.asarray(previews[0]), np.asarray(previews[-1]))
+
+
+class PatchColourVae(torch.nn.Module):
+    """A stand-in VAE whose encoder is linear in each patch's mean colour (3 -> 4 channels),
+    so a correct least-squares fit must recover the colours almost exactly."""
+
+    def __init__(self, scale: int = 2) -> None:
+        super().__init__()
+        self.scale = scale
+        self.mix = torch.nn.Conv2d(3, 4, kernel_size=1)
+        with torch.no_grad():
+            mix = torch.tensor([[1.0, 0.5, 0.0], [0.0, 1.0, -0.5], [0.3, 0.0, 1.0], [1.0, 1.0, 1.0]])
+            self.mix.weight.copy_(mix[..., None, None])
+            self.mix.bias.copy_(torch.tensor([0.1, -0.2, 0.0, 0.3]))
+        self.config = type("Config", (), {"latent_channels": 4, "scaling_factor": 1.5, "shift_factor": 0.1})()
+
+    def encode(self, images):
+        mean = self.mix(torch.nn.functional.avg_pool2d(images, self.scale))
+        return type("Encoded", (), {"latent_dist": type("Dist", (), {"mean": mean})()})()
+
+
+def test_fitted_preview_projection_recovers_colours_from_latents():
+    vae = PatchColourVae()
+    projection = fit_projection(vae, vae_scale_factor=2)
+    assert projection.source == "fitted" and projection.factors.shape == (4, 3)
+    ramp = torch.linspace(-1, 1, SIZE)
+    across, down = ramp[None, :].expand(SIZE, SIZE), ramp[:, None].expand(SIZE, SIZE)
+    image = torch.stack([across, down, -across])
+    with torch.no_grad():
+        normalized = (vae.encode(image[None]).latent_dist.mean - 0.1) * 1.5
+    preview = np.asarray(projection.render(normalized[0]), dtype=np.float64) / 255.0
+    target = torch.nn.functional.avg_pool2d((image[None] + 1) / 2, 2)[0].permute(1, 2, 0).numpy()
+    assert preview.shape == target.shape == (SIZE // 2, SIZE // 2, 3)
+    assert np.abs(preview - target).max() <= 1 / 255 + 1e-6  # uint8 rounding only
+
+
+def test_a_random_vae_gets_a_fitted_preview_projection(flux):
+    assert flux.preview_projection.source == "fitted" and flux.info.extras["preview"] == "fitted"
+
+
+def test_the_released_flux_vae_gets_its_published_preview_factors():
+    vae = PatchColourVae()
+    vae.config = type("Config", (), {"latent_channels": 16, "scaling_factor": 0.3611, "shift_factor": 0.1159})()
+    projection = projection_for(vae, StudioConfig(), vae_scale_factor=8)
+    assert projection.source == "flux-vae" and projection.factors.shape == (16, 3)
+    # Zero latents (the VAE's mean colour) preview as a mid grey, as on the real model.
+    assert np.asarray(projection.render(torch.zeros(16, 4, 4))).mean() == pytest.approx(117, abs=10)
+
+
+def test_preview_factors_from_stepstudio_json_are_used(flux):
+    studio = StudioConfig(preview_rgb_factors=((0.0, 0.0, 0.0),) * 4, preview_rgb_bias=(1.0, 0.0, 0.0))
+    red = FluxStepPipeline(flux.pipe, flux.device, studio=studio)
+    assert red.info.extras["preview"] == "stepstudio.json"
+    [state] = drive(red, [(0, make_params(steps=2, preview_every=1))])
+    assert np.unique(np.asarray(red.preview(state)).reshape(-1, 3), axis=0).tolist() == [[255, 0, 0]]
+
+
+# ---------------------------------------------------------------------------- defaults, words, validation
+def test_stepstudio_json_sets_serving_defaults(flux):
+    defaults = flux.info.defaults
+    assert (defaults.width, defaults.height, defaults.num_inference_steps) == (SIZE, SIZE, 4)
+    assert defaults.guidance_scale == 1.0 and defaults.negative_prompt == ""
+    assert defaults.example_prompts == ("a red circle",)
+    assert flux.max_sequence_length == T5_LENGTH
+    assert flux.info.family == "flux" and flux.info.schedulers == ("flow-match-euler",)
+    assert flux.info.size_multiple == 4 and flux.info.uses_negative_prompt
+    assert isinstance(flux, StepPipeline)
+
+
+def test_without_stepstudio_json_real_flux_defaults_apply(flux_dev):
+    defaults = flux_dev.info.defaults
+    assert (defaults.num_inference_steps, defaults.guidance_scale) == (28, 3.5)  # FLUX.1-dev's
+    assert defaults.width == defaults.height == 128 * flux_dev.vae_scale_factor  # FluxPipeline's default size
+    assert flux_dev.max_sequence_length == T5_LENGTH  # capped by what the tokenizer holds
+
+
+def test_vocabulary_lowercases_prompts_and_reports_unknown_words(flux):
+    studio = StudioConfig(vocabulary=frozenset({"a", "red", "circle", "blue", "square"}))
+    worded = FluxStepPipeline(flux.pipe, flux.device, studio=studio)
+    unknown = worded.unknown_words("A Red circle, purple hexagon and a purple star")
+    assert unknown == ["purple", "hexagon", "and", "star"]
+    assert worded.unknown_words("a RED circle") == []
+    assert set(worded.info.extras["vocabulary"].split()) == set(studio.vocabulary)
+    upper, lower = drive(
+        worded, [(0, make_params("A RED Circle", seed=4, steps=2)), (0, make_params("a red circle", seed=4, steps=2))]
+    )
+    assert torch.equal(upper.latents, lower.latents)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"width": 30}, "width=30 is not allowed: FLUX needs a multiple of 4"),
+        ({"height": 34}, "height=34 is not allowed: FLUX needs a multiple of 4"),
+        ({"num_frames": 2}, "num_frames=2"),
+        ({"scheduler": "ddim"}, "scheduler='ddim' is not available for FLUX; available: flow-match-euler"),
+    ],
+)
+def test_validate_names_the_field_the_value_and_what_is_allowed(flux, change, message):
+    fields = dict(prompt="a red circle", width=SIZE, height=SIZE, num_frames=1, num_inference_steps=4,
+                  guidance_scale=1.0, seed=1)
+    fields.update(change)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        flux.validate(GenerationParams(**fields))
+    engine = Engine(flux)  # the engine refuses it at submit time, before queuing
+    with pytest.raises(ValueError, match="not allowed|not available"):
+        engine.submit(GenerationParams(**fields))
+
+
+# ---------------------------------------------------------------------------- loading errors
+def test_unsupported_model_class_is_a_clear_error(tmp_path):
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "KandinskyPipeline"}))
+    with pytest.raises(ValueError, match="'KandinskyPipeline' is not supported.*FluxPipeline"):
+        load_pipeline(str(tmp_path))
+
+
+def test_missing_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="neither an existing folder nor a hub id"):
+        load_pipeline(str(tmp_path / "no" / "such" / "model"))
+
+
+def test_folder_without_model_index_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="no model_index.json"):
+        load_pipeline(str(tmp_path))
+
+
+def test_corrupt_weights_are_a_clear_error(tiny_flux_checkpoint, tmp_path):
+    broken = shutil.copytree(tiny_flux_checkpoint, tmp_path / "broken")
+    (broken / "transformer" / "diffusion_pytorch_model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="could not load .*broken as a FLUX checkpoint"):
+        load_pipeline(str(broken))
+
+
+def test_missing_component_is_a_clear_error(tiny_flux_checkpoint, tmp_path):
+    broken = shutil.copytree(tiny_flux_checkpoint, tmp_path / "partial")
+    shutil.rmtree(broken / "vae")
+    with pytest.raises(ValueError, match="could not load .*partial as a FLUX checkpoint"):
+        load_pipeline(str(broken))
