@@ -35,6 +35,7 @@ from diffusers import FluxPipeline
 from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
 from PIL import Image
 
+from pipelines.flow_match import combine_interleaved_cfg, flow_match_step
 from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
 from pipelines.loader import LoadOptions, resolve_device_dtype
@@ -333,29 +334,13 @@ class FluxStepPipeline:
             return_dict=False,
         )[0]
 
-        predictions, row = [], 0
-        for state in batch.states:
-            c = state.conditioning
-            prediction = noise_pred[row : row + 1]
-            row += 1
-            if c.true_cfg:
-                negative = noise_pred[row : row + 1]
-                row += 1
-                prediction = negative + c.guidance_scale * (prediction - negative)
-            predictions.append(prediction)
-        return predictions
+        return combine_interleaved_cfg(
+            noise_pred, [(s.conditioning.true_cfg, s.conditioning.guidance_scale) for s in batch.states]
+        )
 
     @torch.no_grad()
     def step_scheduler(self, state: RequestState, prediction: torch.Tensor) -> None:
-        scheduler = state.noise_scheduler
-        if state.params.preview_every:
-            # FlowMatchEuler returns no pred_original_sample: x0 = x_t - sigma * v.
-            sigma = scheduler.sigmas[state.step_index].to(state.latents.device)
-            state.extra.predicted_x0 = state.latents - sigma * prediction
-        state.latents = scheduler.step(
-            prediction, state.current_timestep, state.latents, generator=state.generator, return_dict=False
-        )[0]
-        state.step_index += 1
+        flow_match_step(state, prediction)
 
     @torch.no_grad()
     def decode(self, state: RequestState, output_type: str = "pil"):

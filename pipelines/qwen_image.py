@@ -27,6 +27,7 @@ from diffusers import QwenImagePipeline
 from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift, retrieve_timesteps
 from PIL import Image
 
+from pipelines.flow_match import flow_match_step
 from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection
 from pipelines.loader import LoadOptions, resolve_device_dtype
@@ -236,13 +237,7 @@ class QwenImageStepPipeline:
 
     @torch.no_grad()
     def step_scheduler(self, state: RequestState, prediction: torch.Tensor) -> None:
-        scheduler = state.noise_scheduler
-        if state.params.preview_every:
-            # Flow matching: x_t = (1 - sigma) x0 + sigma noise and v = noise - x0.
-            sigma = scheduler.sigmas[state.step_index].to(state.latents.device, state.latents.dtype)
-            state.extra.predicted_x0 = state.latents - sigma * prediction
-        state.latents = scheduler.step(prediction, state.current_timestep, state.latents, return_dict=False)[0]
-        state.step_index += 1
+        flow_match_step(state, prediction, pass_generator=False)  # QwenImagePipeline passes none
 
     @torch.no_grad()
     def post_decode(self, state: RequestState) -> list[Image.Image]:

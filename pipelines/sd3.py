@@ -26,6 +26,7 @@ from diffusers import StableDiffusion3Pipeline
 from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift, retrieve_timesteps
 from PIL import Image
 
+from pipelines.flow_match import combine_interleaved_cfg, flow_match_step
 from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
 from pipelines.loader import LoadOptions, resolve_device_dtype
@@ -253,29 +254,13 @@ class SD3StepPipeline:
             return_dict=False,
         )[0]
 
-        predictions, row = [], 0
-        for state in batch.states:
-            c = state.conditioning
-            prediction = noise_pred[row : row + 1]
-            row += 1
-            if c.cfg:
-                uncond = noise_pred[row : row + 1]
-                row += 1
-                prediction = uncond + c.guidance_scale * (prediction - uncond)
-            predictions.append(prediction)
-        return predictions
+        return combine_interleaved_cfg(
+            noise_pred, [(s.conditioning.cfg, s.conditioning.guidance_scale) for s in batch.states]
+        )
 
     @torch.no_grad()
     def step_scheduler(self, state: RequestState, prediction: torch.Tensor) -> None:
-        scheduler = state.noise_scheduler
-        if state.params.preview_every:
-            # FlowMatchEuler returns no pred_original_sample: x0 = x_t - sigma * v.
-            sigma = scheduler.sigmas[state.step_index].to(state.latents.device)
-            state.extra.predicted_x0 = state.latents - sigma * prediction
-        state.latents = scheduler.step(
-            prediction, state.current_timestep, state.latents, generator=state.generator, return_dict=False
-        )[0]
-        state.step_index += 1
+        flow_match_step(state, prediction)
 
     @torch.no_grad()
     def decode(self, state: RequestState, output_type: str = "pil"):
