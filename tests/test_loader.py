@@ -1,0 +1,49 @@
+"""Loading: device/dtype choice, clear errors, optional compile + warm-up."""
+
+import json
+
+import pytest
+import torch
+
+from engine import Engine
+from engine.warmup import warm_up
+from pipelines.loader import LoadOptions, compile_denoiser, load_pipeline, resolve_device_dtype
+from pipelines.toy import ToyPipeline
+
+
+def test_cpu_defaults_to_float32_and_dtype_names_are_checked():
+    if not torch.cuda.is_available():
+        assert resolve_device_dtype(LoadOptions()) == (torch.device("cpu"), torch.float32)
+    assert resolve_device_dtype(LoadOptions(device="cpu", dtype="bf16"))[1] == torch.bfloat16
+    with pytest.raises(ValueError, match="dtype='float8' is not supported"):
+        resolve_device_dtype(LoadOptions(dtype="float8"))
+
+
+def test_missing_and_unsupported_folders_give_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="has no model_index.json"):
+        load_pipeline(str(tmp_path))
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "KandinskyPipeline"}))
+    with pytest.raises(ValueError, match="'KandinskyPipeline' is not supported by stepstudio; supported classes are: Flux"):
+        load_pipeline(str(tmp_path))
+    (tmp_path / "model_index.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_pipeline(str(tmp_path))
+
+
+def test_an_unknown_hub_id_offline_says_so(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="could not download 'nobody/no-such-model'.*pass its local folder"):
+        load_pipeline("nobody/no-such-model")
+
+
+def test_compile_needs_a_denoiser_and_warm_up_runs_each_size():
+    with pytest.raises(ValueError, match="ToyPipeline has no transformer or unet"):
+        compile_denoiser(ToyPipeline())
+    pipeline = ToyPipeline()
+    engine = Engine(pipeline).start()
+    try:
+        times = warm_up(engine, [(64, 64), (32, 48)])
+    finally:
+        engine.close()
+    assert len(times) == 2 and all(t > 0 for t in times)
+    assert [len(f) for f in pipeline.forward_log] == [1, 1, 1, 1]
