@@ -5,7 +5,9 @@
     python benchmarks/serving.py --systems diffusers step8 --requests 16 --cancel-fraction 0
 
 Systems: `diffusers` (FluxPipeline.__call__ one request at a time), `request` (stepstudio
-request mode, max batch 8), `stepN` (stepstudio step mode with max batch N). Each system
+request mode, max batch 8), `stepN` (stepstudio step mode with max batch N), `httpN` (step
+mode with max batch N behind the OpenAI-compatible HTTP API: the serving layer's cost;
+no cancels are sent there, since an HTTP client can't see steps). Each system
 runs in its own subprocess (so peak memory is its own) on the same seeded workload.
 A `ceiling` run times the bare batched denoiser forward to show how much batching can give.
 
@@ -39,15 +41,17 @@ DEFAULT_SYSTEMS = ("diffusers", "request", "step1", "step4", "step8")
 
 # ---------------------------------------------------------------------------- one system (child)
 def _make_system(name: str, model: str, preview_every: int):
-    from benchmarks.systems import DiffusersSystem, EngineSystem
+    from benchmarks.systems import DiffusersSystem, EngineSystem, HttpSystem
 
+    if name.startswith("http") and name[4:].isdigit():
+        return HttpSystem(model, max_batch=int(name[4:]), preview_every=preview_every)
     if name == "diffusers":
         return DiffusersSystem(model, preview_every)
     if name == "request":
         return EngineSystem(model, mode="request", max_batch=8, preview_every=preview_every)
     if name.startswith("step") and name[4:].isdigit():
         return EngineSystem(model, mode="step", max_batch=int(name[4:]), preview_every=preview_every)
-    raise ValueError(f"unknown system {name!r}: use diffusers, request or stepN (e.g. step8).")
+    raise ValueError(f"unknown system {name!r}: use diffusers, request, stepN or httpN (e.g. step8).")
 
 
 def _drive(system, workload: Workload) -> list:

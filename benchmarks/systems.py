@@ -200,3 +200,61 @@ def measure_denoiser(model: str, size: int, batch_sizes: tuple[int, ...], repeat
         "encode_s": sum(encode_s[1:]) / max(1, len(encode_s) - 1) if len(encode_s) > 1 else encode_s[0],
         "decode_s": decode_s,
     }
+
+
+# ---------------------------------------------------------------------------- over HTTP
+class HttpSystem:
+    """stepstudio step mode behind its OpenAI-compatible HTTP API (uvicorn on 127.0.0.1):
+    the same engine plus JSON, PNG encoding, base64 and a socket per request. The client
+    can't see steps over this API, so cancels are not sent and admission is not observed."""
+
+    def __init__(self, model: str, max_batch: int, preview_every: int) -> None:
+        import socket
+
+        import uvicorn
+        from fastapi import FastAPI
+
+        from studio.http_api import build_router
+
+        inner = EngineSystem(model, mode="step", max_batch=max_batch, preview_every=0)
+        self.engine = inner.engine
+        app = FastAPI()
+        app.include_router(build_router(self.engine))
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}/v1/images/generations"
+        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the benchmark's HTTP server did not start in 30 s")
+            time.sleep(0.01)
+
+    def submit(self, item: WorkItem) -> Ticket:
+        import httpx
+
+        record = Record(item.index, item.steps, submitted=time.perf_counter())
+        done = threading.Event()
+        body = {"prompt": item.prompt, "size": f"{item.size}x{item.size}", "num_inference_steps": item.steps,
+                "seed": item.seed, "response_format": "b64_json"}
+
+        def call() -> None:
+            response = httpx.post(self.url, json=body, timeout=3600)
+            record.finished = time.perf_counter()
+            record.steps_done = item.steps if response.status_code == 200 else 0
+            record.status = "completed" if response.status_code == 200 else "failed"
+            done.set()
+
+        threading.Thread(target=call, daemon=True).start()
+        return Ticket(record, done)
+
+    def batch_sizes(self) -> dict[int, int]:
+        return dict(self.engine.snapshot().stats.forwards_by_batch_size)
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+        self.engine.close()
