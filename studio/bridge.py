@@ -1,0 +1,227 @@
+"""The bridge from engine events to Gradio outputs.
+
+`follow_request` is the one async generator every Generate handler is built on: it submits
+to the shared engine, relays `handle.stream()` one event at a time, and its `finally:` asks
+the engine to drop the request (non-blocking). Gradio stops a handler by cancelling its task
+or closing its generator (a client's `job.cancel()`, a closed tab, an error), and every one
+of those paths runs that `finally`, so an abandoned request frees its batch slot at the next
+step boundary. The Cancel button and `/cancel` ask the engine instead: the stream then ends
+with an `Aborted` event that the handler shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from typing import AsyncIterator, Iterator
+
+import gradio as gr
+from PIL import Image
+
+from engine import (
+    Aborted,
+    AdmissionError,
+    Completed,
+    Engine,
+    Event,
+    Failed,
+    GenerationParams,
+    Progress,
+    Queued,
+    Started,
+)
+
+RANDOM_SEED = -1  # API value meaning "pick a random seed"
+
+
+# ---------------------------------------------------------------------------- status
+@dataclass(frozen=True)
+class Status:
+    """What a session is told about its request after each engine event (JSON-ready)."""
+
+    request_id: str
+    state: str  # "queued" | "running" | "completed" | "aborted" | "failed"
+    step: int
+    total: int
+    position: int | None
+    batch_size: int
+    seed: int
+    message: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in ("completed", "aborted", "failed")
+
+
+def initial_status(request_id: str, params: GenerationParams) -> Status:
+    return Status(request_id, "queued", 0, params.num_inference_steps, None, 0, params.seed)
+
+
+def status_after(status: Status, event: Event) -> Status:
+    """The status once `event` has happened."""
+    if isinstance(event, Queued):
+        return replace(status, state="queued", position=event.position)
+    if isinstance(event, Started):
+        return replace(status, state="running", position=None, batch_size=event.batch_size)
+    if isinstance(event, Progress):
+        return replace(status, state="running", position=None, step=event.step, total=event.total,
+                       batch_size=event.batch_size)
+    if isinstance(event, Completed):
+        return replace(status, state="completed", position=None, step=status.total, message="done")
+    if isinstance(event, Aborted):
+        return replace(status, state="aborted", position=None, message=event.reason)
+    if isinstance(event, Failed):
+        return replace(status, state="failed", position=None, message=event.message)
+    return status
+
+
+# ---------------------------------------------------------------------------- inputs
+def _parsed(name: str, value: object) -> object:
+    """API callers may send numbers as text ("64", "NaN"): parse them, name the field if not."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {value!r}.") from None
+
+
+def whole_number(name: str, value: object) -> int | None:
+    """A form/API number as an int (None stays None = the model default)."""
+    if value is None or value == "":
+        return None
+    value = _parsed(name, value)
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a whole number, got {value!r}.")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    raise ValueError(f"{name} must be a whole number, got {value!r}.")
+
+
+def number(name: str, value: object) -> float | None:
+    if value is None or value == "":
+        return None
+    value = _parsed(name, value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}.")
+    return float(value)
+
+
+def chosen_seed(seed: object) -> int | None:
+    """None or a negative seed means random (the engine picks one and reports it)."""
+    value = whole_number("seed", seed)
+    return None if value is None or value < 0 else value
+
+
+@dataclass(frozen=True)
+class FormValues:
+    """The generate form as the user filled it in (raw Gradio values)."""
+
+    prompt: str
+    negative_prompt: str | None = None
+    width: object = None
+    height: object = None
+    steps: object = None
+    guidance_scale: object = None
+    seed: object = RANDOM_SEED
+
+    def to_params(self, preview_every: int, uses_negative_prompt: bool) -> GenerationParams:
+        """Raises ValueError naming the bad field."""
+        negative = self.negative_prompt if uses_negative_prompt else None
+        return GenerationParams(
+            prompt=self.prompt if isinstance(self.prompt, str) else "",
+            negative_prompt=negative if negative else None,
+            width=whole_number("width", self.width),
+            height=whole_number("height", self.height),
+            num_inference_steps=whole_number("steps", self.steps),
+            guidance_scale=number("guidance_scale", self.guidance_scale),
+            seed=chosen_seed(self.seed),
+            preview_every=preview_every,
+        )
+
+
+@contextlib.contextmanager
+def engine_errors_as_gradio() -> Iterator[None]:
+    """Show the engine's own message to the user for bad input or a full server."""
+    try:
+        yield
+    except (ValueError, AdmissionError) as exc:
+        raise gr.Error(str(exc), title="Request not accepted") from exc
+
+
+# ---------------------------------------------------------------------------- the stream
+@dataclass(frozen=True)
+class Update:
+    status: Status
+    event: Event | None  # None for the first update (submitted, nothing happened yet)
+
+
+async def follow_request(engine: Engine, form: FormValues, session_id: str, preview_every: int) -> AsyncIterator[Update]:
+    """Submit one request and yield an Update per engine event until it ends.
+
+    Closing or cancelling this generator cancels the request (non-blocking)."""
+    with engine_errors_as_gradio():
+        params = form.to_params(preview_every, engine.info.uses_negative_prompt)
+        handle = engine.submit(params, session_id=session_id)
+    status = initial_status(handle.request_id, handle.params)
+    try:
+        yield Update(status, None)
+        async for event in handle.stream():
+            status = status_after(status, event)
+            yield Update(status, event)
+    finally:
+        handle.cancel()  # a no-op once the request has ended
+
+
+def session_id_of(request: gr.Request | None) -> str:
+    session = getattr(request, "session_hash", None)
+    return session or "anonymous"
+
+
+# ---------------------------------------------------------------------------- media
+def preview_image(image: Image.Image, max_px: int) -> Image.Image:
+    """A small preview to send: shrunk to at most `max_px` (the page enlarges small ones)."""
+    if max(image.size) <= max_px:
+        return image
+    scaled = image.copy()
+    scaled.thumbnail((max_px, max_px))
+    return scaled
+
+
+def frames_to_video(frames: tuple[Image.Image, ...], fps: int = 16) -> str:
+    """Write frames to an mp4 file and return its path (Gradio serves it from the temp dir)."""
+    import imageio_ffmpeg
+    import numpy as np
+
+    first = frames[0].convert("RGB")
+    handle = tempfile.NamedTemporaryFile(prefix="stepstudio-", suffix=".mp4", delete=False)
+    handle.close()
+    writer = imageio_ffmpeg.write_frames(handle.name, first.size, fps=fps, macro_block_size=1, quality=7)
+    writer.send(None)
+    for frame in frames:
+        writer.send(np.ascontiguousarray(np.asarray(frame.convert("RGB"))))
+    writer.close()
+    return handle.name
+
+
+def final_media(completed: Completed, fps: int = 16) -> Image.Image | str:
+    """The image, or the path of the video, of a finished request."""
+    if completed.is_video:
+        return frames_to_video(completed.images, fps=fps)
+    return completed.images[0]
+
+
+def settings_caption(completed: Completed) -> str:
+    params = completed.params
+    prompt = params.prompt if len(params.prompt) <= 60 else params.prompt[:57] + "..."
+    return (
+        f"{prompt} | seed {completed.seed} | {params.num_inference_steps} steps | "
+        f"{params.width}x{params.height} | guidance {params.guidance_scale:g}"
+    )

@@ -1,0 +1,154 @@
+"""The live queue view: every request the engine holds, as an HTML table and as JSON.
+
+Pure functions of an `EngineSnapshot` and the viewer's session id. Another session's
+prompt is shown only when the studio runs with `--show-prompts`, and session ids never
+leave the server (a viewer only learns which requests are its own).
+"""
+
+from __future__ import annotations
+
+import html
+import time
+
+from engine import EngineSnapshot, RequestView
+
+SHORT_ID_LEN = 8
+HIDDEN_PROMPT = "(hidden)"
+
+QUEUE_CSS = """
+.ss-queue table { width: 100%; border-collapse: collapse; font-size: 0.85rem; }
+.ss-queue th, .ss-queue td { padding: 3px 6px; border-bottom: 1px solid var(--border-color-primary); text-align: left; }
+.ss-queue tr.ss-mine td { background: var(--color-accent-soft); font-weight: 600; }
+.ss-queue .ss-bar { display: inline-block; width: 80px; height: 8px; background: var(--border-color-primary);
+  border-radius: 4px; overflow: hidden; vertical-align: middle; margin-right: 6px; }
+.ss-queue .ss-bar > span { display: block; height: 100%; background: var(--color-accent); }
+.ss-queue .ss-stats { margin: 4px 0 8px; display: flex; flex-wrap: wrap; gap: 14px; font-size: 0.85rem; }
+.ss-queue .ss-empty { opacity: 0.7; font-style: italic; }
+.ss-queue .ss-prompt { max-width: 18rem; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+"""
+
+COLUMNS = ("request", "who", "prompt", "state", "progress", "position", "waited", "ETA", "shares batch with")
+
+
+def short_id(request_id: str) -> str:
+    return request_id[:SHORT_ID_LEN]
+
+
+def format_seconds(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, rest = divmod(int(round(seconds)), 60)
+    return f"{minutes} m {rest:02d} s"
+
+
+def visible_prompt(view: RequestView, viewer_session: str | None, show_prompts: bool) -> str:
+    if show_prompts or view.session_id == viewer_session:
+        return view.prompt
+    return HIDDEN_PROMPT
+
+
+def request_as_dict(view: RequestView, viewer_session: str | None, show_prompts: bool, now: float) -> dict:
+    """One request for the /queue API (no session ids)."""
+    return {
+        "request_id": view.request_id if view.session_id == viewer_session else short_id(view.request_id),
+        "mine": view.session_id == viewer_session,
+        "prompt": visible_prompt(view, viewer_session, show_prompts),
+        "state": view.state,
+        "step": view.step,
+        "total": view.total,
+        "position": view.position,
+        "waited_s": round(view.waited_s(now), 3),
+        "eta_s": None if view.eta_s is None else round(view.eta_s, 3),
+        "batch_mates": [short_id(mate) for mate in view.batch_mates],
+    }
+
+
+def snapshot_as_dict(
+    snapshot: EngineSnapshot, viewer_session: str | None, show_prompts: bool, now: float | None = None
+) -> dict:
+    """The whole snapshot for the /queue API: requests plus engine figures."""
+    stats = snapshot.stats
+    now = time.perf_counter() if now is None else now
+    return {
+        "requests": [request_as_dict(v, viewer_session, show_prompts, now) for v in snapshot.requests],
+        "engine": {
+            "mode": stats.mode,
+            "max_batch": stats.max_batch,
+            "current_batch_size": stats.current_batch_size,
+            "steps_per_s": round(stats.steps_per_s, 3),
+            "forwards": stats.forwards,
+            "forwards_by_batch_size": {str(k): v for k, v in sorted(stats.forwards_by_batch_size.items())},
+            "finished": dict(stats.finished),
+            "stages": {
+                "encode_s": stats.stages.encode_s,
+                "denoise_step_s": stats.stages.denoise_step_s,
+                "decode_s": stats.stages.decode_s,
+            },
+        },
+    }
+
+
+def _progress_cell(view: RequestView) -> str:
+    fraction = view.step / view.total if view.total else 0.0
+    width = round(100 * min(max(fraction, 0.0), 1.0))
+    return f'<span class="ss-bar"><span style="width:{width}%"></span></span>{view.step}/{view.total}'
+
+
+def _batch_cell(view: RequestView, mine_ids: set[str]) -> str:
+    if not view.batch_mates:
+        return "–"
+    names = [short_id(mate) + (" (you)" if mate in mine_ids else "") for mate in view.batch_mates]
+    return html.escape(", ".join(names))
+
+
+def _row(view: RequestView, viewer_session: str | None, show_prompts: bool, mine_ids: set[str], now: float) -> str:
+    mine = view.session_id == viewer_session
+    prompt = visible_prompt(view, viewer_session, show_prompts)
+    cells = (
+        f"<code>{short_id(view.request_id)}</code>",
+        "you" if mine else "–",
+        f'<div class="ss-prompt" title="{html.escape(prompt)}">{html.escape(prompt)}</div>',
+        view.state,
+        _progress_cell(view),
+        "–" if view.position is None else str(view.position),
+        format_seconds(view.waited_s(now)),
+        format_seconds(view.eta_s),
+        _batch_cell(view, mine_ids),
+    )
+    row_class = ' class="ss-mine"' if mine else ""
+    return f"<tr{row_class} data-request='{short_id(view.request_id)}'>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+
+
+def render_stats(snapshot: EngineSnapshot) -> str:
+    stats = snapshot.stats
+    finished = ", ".join(f"{name} {count}" for name, count in sorted(stats.finished.items())) or "none yet"
+    items = (
+        f"mode <b>{html.escape(stats.mode)}</b>",
+        f"batch now <b>{stats.current_batch_size}</b> / {stats.max_batch}",
+        f"<b>{stats.steps_per_s:.1f}</b> steps/s",
+        f"waiting <b>{len(snapshot.waiting)}</b>, running <b>{len(snapshot.running)}</b>",
+        f"finished: {html.escape(finished)}",
+    )
+    return '<div class="ss-stats">' + "".join(f"<span>{item}</span>" for item in items) + "</div>"
+
+
+def render_queue(
+    snapshot: EngineSnapshot, viewer_session: str | None, show_prompts: bool = False, now: float | None = None
+) -> str:
+    """The queue table (HTML) as the viewer may see it. `now`: perf_counter time for waited times."""
+    now = time.perf_counter() if now is None else now
+    mine_ids = {v.request_id for v in snapshot.requests if v.session_id == viewer_session}
+    header = "".join(f"<th>{name}</th>" for name in COLUMNS)
+    if snapshot.requests:
+        body = "".join(_row(v, viewer_session, show_prompts, mine_ids, now) for v in snapshot.requests)
+    else:
+        body = f'<tr><td class="ss-empty" colspan="{len(COLUMNS)}">no requests right now</td></tr>'
+    return (
+        '<div class="ss-queue">'
+        + render_stats(snapshot)
+        + f"<table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table></div>"
+    )

@@ -1,0 +1,70 @@
+"""The pipeline graph view rendered from real engine snapshots."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import replace
+
+from engine import Engine, GenerationParams, Progress
+from pipelines.toy import ToyPipeline
+from studio.graph_view import build_nodes, render_graph
+
+
+def _node(svg: str, stage: str) -> str:
+    return re.search(rf'<g class="([^"]*)" data-stage="{stage}" data-count="(\d+)">(.*?)</g>', svg).group(0)
+
+
+def _running_and_waiting_snapshot():
+    pipeline = ToyPipeline(step_delay_s=0.02)
+    engine = Engine(pipeline, max_batch=1).start()
+    mine = engine.submit(GenerationParams(prompt="a red circle", num_inference_steps=100), "me")
+    other = engine.submit(GenerationParams(prompt="a blue square", num_inference_steps=4), "you")
+    for event in mine.events(timeout=10):
+        if isinstance(event, Progress) and event.step >= 3:
+            break
+    deadline = time.monotonic() + 10
+    while not engine.snapshot().waiting:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    snapshot = engine.snapshot()
+    mine.cancel()
+    other.cancel()
+    engine.close()
+    return snapshot, pipeline.info
+
+
+def test_nodes_follow_the_model_stages_with_counts_and_means():
+    snapshot, info = _running_and_waiting_snapshot()
+    nodes = {node.stage: node for node in build_nodes(snapshot, info, viewer_session="me")}
+    assert list(nodes) == list(info.stages)
+    assert nodes["prompt"].count == 1 and nodes["denoise"].count == 1
+    assert nodes["encode"].count == 0 and nodes["decode"].count == 0
+    assert nodes["denoise"].title == "denoise ×100"  # the viewer's own step count
+    assert nodes["denoise"].mean_s == snapshot.stats.stages.denoise_step_s and nodes["denoise"].mean_s > 0.015
+    assert nodes["denoise"].mean_label.endswith("per step")
+    mine = next(v for v in snapshot.requests if v.session_id == "me")
+    assert nodes["denoise"].viewer_detail == f"you: {mine.step}/100"
+    assert nodes["prompt"].viewer_detail is None  # the waiting request is another session's
+
+
+def test_svg_highlights_only_the_viewers_node():
+    snapshot, info = _running_and_waiting_snapshot()
+    svg = render_graph(snapshot, info, viewer_session="me")
+    assert svg.startswith('<div class="ss-graph"><svg') and svg.count("<rect") == len(info.stages)
+    assert "ss-you" in _node(svg, "denoise") and "ss-you" not in _node(svg, "prompt")
+    assert 'data-count="1"' in _node(svg, "prompt") and "waiting: 1" in _node(svg, "prompt")
+    other = render_graph(snapshot, info, viewer_session="you")
+    assert "ss-you" in _node(other, "prompt") and "you: #1" in _node(other, "prompt")
+    assert "ss-you" not in _node(other, "denoise")
+    assert "a red circle" not in svg  # the graph never shows prompts
+
+
+def test_idle_engine_draws_every_stage_with_no_highlight_and_media_kind():
+    pipeline = ToyPipeline()
+    engine = Engine(pipeline)
+    svg = render_graph(engine.snapshot(), pipeline.info, viewer_session="me")
+    assert "ss-you" not in svg and "ss-busy" not in svg
+    assert ">image</text>" in svg and ">text encode</text>" in svg and ">denoise ×8</text>" in svg
+    video_info = replace(pipeline.info, output_kind="video")
+    assert ">video</text>" in render_graph(engine.snapshot(), video_info, viewer_session=None)

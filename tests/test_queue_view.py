@@ -1,0 +1,92 @@
+"""The queue view rendered from real engine snapshots (toy pipeline, two sessions)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from engine import Engine, GenerationParams, Progress
+from pipelines.toy import ToyPipeline
+from studio.queue_view import HIDDEN_PROMPT, format_seconds, render_queue, short_id, snapshot_as_dict
+
+
+def wait_until(predicate, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+@pytest.fixture(scope="module")
+def live_snapshot():
+    """Session 'alice' running (one row per forward, max_batch=1), 'bob' waiting behind her."""
+    engine = Engine(ToyPipeline(step_delay_s=0.02), max_batch=1).start()
+    alice = engine.submit(GenerationParams(prompt="alice's <b>red</b> circle", num_inference_steps=100), "alice")
+    bob = engine.submit(GenerationParams(prompt="bob's secret square", num_inference_steps=5), "bob")
+    for event in alice.events(timeout=10):
+        if isinstance(event, Progress) and event.step >= 2:
+            break
+    wait_until(lambda: any(v.state == "waiting" for v in engine.snapshot().requests))
+    snapshot = engine.snapshot()
+    alice.cancel()
+    bob.cancel()
+    engine.close()
+    return snapshot, alice.request_id, bob.request_id
+
+
+def test_own_request_is_marked_you_and_other_prompts_are_hidden(live_snapshot):
+    snapshot, alice_id, bob_id = live_snapshot
+    page = render_queue(snapshot, viewer_session="alice")
+    alice_row = re.search(rf"<tr class=\"ss-mine\" data-request='{short_id(alice_id)}'>(.*?)</tr>", page).group(1)
+    assert "<td>you</td>" in alice_row and "<td>running</td>" in alice_row
+    assert "alice&#x27;s &lt;b&gt;red&lt;/b&gt; circle" in alice_row  # own prompt, HTML-escaped
+    bob_row = re.search(rf"<tr data-request='{short_id(bob_id)}'>(.*?)</tr>", page).group(1)
+    assert "bob's secret square" not in page and HIDDEN_PROMPT in bob_row
+    assert "<td>waiting</td>" in bob_row and "<td>1</td>" in bob_row  # queue position 1
+    assert "<td>you</td>" not in bob_row
+
+
+def test_progress_bar_and_step_count_follow_the_snapshot(live_snapshot):
+    snapshot, alice_id, _ = live_snapshot
+    alice = next(v for v in snapshot.requests if v.request_id == alice_id)
+    page = render_queue(snapshot, viewer_session="alice")
+    width = round(100 * alice.step / alice.total)
+    assert f'<span style="width:{width}%"></span></span>{alice.step}/100' in page
+
+
+def test_show_prompts_reveals_every_prompt(live_snapshot):
+    snapshot, _, _ = live_snapshot
+    page = render_queue(snapshot, viewer_session="alice", show_prompts=True)
+    assert "bob&#x27;s secret square" in page and HIDDEN_PROMPT not in page
+
+
+def test_engine_figures_are_shown(live_snapshot):
+    snapshot, _, _ = live_snapshot
+    page = render_queue(snapshot, viewer_session=None)
+    assert "mode <b>step</b>" in page and "batch now <b>1</b> / 1" in page
+    assert "waiting <b>1</b>, running <b>1</b>" in page
+    assert "<td>you</td>" not in page  # a viewer with no requests owns none
+
+
+def test_json_view_has_no_session_ids_and_short_ids_for_others(live_snapshot):
+    snapshot, alice_id, bob_id = live_snapshot
+    data = snapshot_as_dict(snapshot, viewer_session="bob", show_prompts=False)
+    text = repr(data)
+    assert "alice" not in text.replace("(hidden)", "")  # neither her session id nor her prompt
+    by_id = {r["request_id"]: r for r in data["requests"]}
+    assert by_id[bob_id]["mine"] and by_id[bob_id]["prompt"] == "bob's secret square"
+    assert by_id[short_id(alice_id)]["prompt"] == HIDDEN_PROMPT and not by_id[short_id(alice_id)]["mine"]
+    assert data["engine"]["mode"] == "step" and data["engine"]["max_batch"] == 1
+
+
+def test_empty_queue_says_so():
+    engine = Engine(ToyPipeline())
+    page = render_queue(engine.snapshot(), viewer_session="x")
+    assert "no requests right now" in page
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(None, "–"), (0.25, "0.2 s"), (12.4, "12 s"), (125, "2 m 05 s")])
+def test_format_seconds(seconds, text):
+    assert format_seconds(seconds) == text
