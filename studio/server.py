@@ -21,7 +21,7 @@ import uvicorn
 
 from engine import Engine
 from studio.config import StudioOptions
-from studio.http_api import build_router
+from studio.http_api import HttpApiConfig, build_router
 from studio.ui import STUDIO_CSS, build_ui
 
 log = logging.getLogger(__name__)
@@ -38,9 +38,15 @@ def build_demo(engine: Engine, config: StudioOptions) -> gr.Blocks:
     return demo
 
 
+def http_api_config(config: StudioOptions) -> HttpApiConfig:
+    """With --auth USER:PASS, the HTTP API wants PASS as its bearer token (the OpenAI client's
+    api_key), so the studio's login guards both doors."""
+    return HttpApiConfig(api_keys=frozenset({config.auth[1]}) if config.auth else frozenset())
+
+
 def build_app(engine: Engine, config: StudioOptions) -> fastapi.FastAPI:
     app = fastapi.FastAPI(title="stepstudio", docs_url=None, redoc_url=None, openapi_url="/v1/openapi.json")
-    app.include_router(build_router(engine))
+    app.include_router(build_router(engine, http_api_config(config)))
     demo = build_demo(engine, config)
     app.state.demo = demo
     return gr.mount_gradio_app(

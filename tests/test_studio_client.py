@@ -241,3 +241,21 @@ def test_cancel_while_waiting_in_the_queue():
     finally:
         server.stop()
         engine.close()
+
+
+def test_auth_guards_the_page_and_the_http_api():
+    engine = Engine(ToyPipeline(), limits=StudioOptions().limits).start()
+    config = StudioOptions(model="toy", port=0, auth=("me", "secret"))
+    server = StudioServer(build_app(engine, config), "127.0.0.1", 0).start()
+    try:
+        base = server.url.rstrip("/")
+        body = {"prompt": "a red circle", "num_inference_steps": 2}
+        assert httpx.post(f"{base}/v1/images/generations", json=body, timeout=30).status_code == 401
+        ok = httpx.post(f"{base}/v1/images/generations", json=body, timeout=30,
+                        headers={"Authorization": "Bearer secret"})
+        assert ok.status_code == 200 and ok.json()["data"][0]["b64_json"]
+        # The Gradio page and its API want the login too.
+        assert httpx.get(f"{base}/config", timeout=30).status_code == 401
+    finally:
+        server.stop()
+        engine.close()
