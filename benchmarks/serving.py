@@ -40,17 +40,18 @@ DEFAULT_SYSTEMS = ("diffusers", "request", "step1", "step4", "step8")
 
 
 # ---------------------------------------------------------------------------- one system (child)
-def _make_system(name: str, model: str, preview_every: int):
+def _make_system(name: str, model: str, preview_every: int, guidance: float | None):
     from benchmarks.systems import DiffusersSystem, EngineSystem, HttpSystem
 
     if name.startswith("http") and name[4:].isdigit():
-        return HttpSystem(model, max_batch=int(name[4:]), preview_every=preview_every)
+        return HttpSystem(model, max_batch=int(name[4:]), preview_every=preview_every, guidance_scale=guidance)
     if name == "diffusers":
-        return DiffusersSystem(model, preview_every)
+        return DiffusersSystem(model, preview_every, guidance_scale=guidance)
     if name == "request":
-        return EngineSystem(model, mode="request", max_batch=8, preview_every=preview_every)
+        return EngineSystem(model, mode="request", max_batch=8, preview_every=preview_every, guidance_scale=guidance)
     if name.startswith("step") and name[4:].isdigit():
-        return EngineSystem(model, mode="step", max_batch=int(name[4:]), preview_every=preview_every)
+        return EngineSystem(model, mode="step", max_batch=int(name[4:]), preview_every=preview_every,
+                            guidance_scale=guidance)
     raise ValueError(f"unknown system {name!r}: use diffusers, request, stepN or httpN (e.g. step8).")
 
 
@@ -89,7 +90,7 @@ def _drive(system, workload: Workload) -> list:
 def run_system(name: str, model: str, workload: Workload, preview_every: int) -> dict:
     import torch
 
-    system = _make_system(name, model, preview_every)
+    system = _make_system(name, model, preview_every, workload.guidance_scale)
     # Warm-up: one request alone, outside the measurement; it also calibrates the step time.
     warm = workload.items[0]
     from dataclasses import replace
@@ -248,6 +249,8 @@ def targets(summaries: list[dict], ceiling: dict | None) -> list[str]:
 def _child(system: str, args, workload_file: Path, out_file: Path) -> dict:
     cmd = [sys.executable, __file__, "--run-system", system, "--model", args.model, "--workload-file", str(workload_file),
            "--preview-every", str(args.preview_every), "--out", str(out_file)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run(cmd, check=True, env=env)
     return json.loads(out_file.read_text())
@@ -267,6 +270,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--cancel-fraction", type=float, default=0.1)
     parser.add_argument("--preview-every", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--guidance-scale", type=float, default=None,
+                        help="override the model's default guidance (1 = no CFG; default: the model's, e.g. true CFG)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads in each system's process")
     parser.add_argument("--no-ceiling", action="store_true", help="skip timing the bare batched denoiser")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "serving.json"))
     # internal: run one system in this process
@@ -275,11 +281,16 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     if args.run_system:
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
         workload = Workload.from_json(Path(args.workload_file).read_text())
         if args.run_system == "ceiling":
             from benchmarks.systems import measure_denoiser
 
-            result = measure_denoiser(args.model, size=workload.items[0].size, batch_sizes=(1, 8))
+            result = measure_denoiser(args.model, size=workload.items[0].size, batch_sizes=(1, 8),
+                                      guidance_scale=workload.guidance_scale)
         else:
             result = run_system(args.run_system, args.model, workload, args.preview_every)
         Path(args.out).write_text(json.dumps(result))
@@ -287,7 +298,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     workload = make_workload(
         args.workload, args.requests, args.users, args.rate, tuple(args.steps_mix), tuple(args.sizes),
-        args.cancel_fraction, args.seed, args.arrivals,
+        args.cancel_fraction, args.seed, args.arrivals, args.guidance_scale,
     )
     results, summaries = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -318,7 +329,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\n## Serving benchmark ({args.workload} loop, {args.requests} requests, "
           f"{args.users if args.workload == 'closed' else f'{args.rate}/s'} "
           f"{'users' if args.workload == 'closed' else 'arrivals'}, steps {args.steps_mix}, sizes {args.sizes}, "
-          f"cancel {args.cancel_fraction:.0%}, seed {args.seed}; {machine})\n")
+          f"cancel {args.cancel_fraction:.0%}, guidance {args.guidance_scale or 'model default'}, "
+          f"seed {args.seed}; {machine})\n")
     print(report(summaries, ceiling, workload))
     print("\nTargets:")
     for line in targets(summaries, ceiling):

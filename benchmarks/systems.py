@@ -52,9 +52,11 @@ def _negative_prompt(model_defaults) -> str | None:
 
 # ---------------------------------------------------------------------------- stepstudio
 class EngineSystem:
-    def __init__(self, model: str, mode: str, max_batch: int, preview_every: int) -> None:
+    def __init__(self, model: str, mode: str, max_batch: int, preview_every: int,
+                 guidance_scale: float | None = None) -> None:
         self.pipeline = load_pipeline(model)
         self.preview_every = preview_every
+        self.guidance_scale = guidance_scale
         limits = ServingLimits(max_steps=1000, max_size=4096, max_queue=100_000, max_per_session=100_000)
         self.engine = Engine(self.pipeline, mode=mode, max_batch=max_batch, limits=limits).start()
 
@@ -66,6 +68,7 @@ class EngineSystem:
             num_inference_steps=item.steps,
             seed=item.seed,
             preview_every=self.preview_every,
+            guidance_scale=self.guidance_scale,
         )
 
     def submit(self, item: WorkItem) -> Ticket:
@@ -104,7 +107,7 @@ class EngineSystem:
 class DiffusersSystem:
     """FluxPipeline.__call__ one request at a time, with the model's serving defaults."""
 
-    def __init__(self, model: str, preview_every: int) -> None:
+    def __init__(self, model: str, preview_every: int, guidance_scale: float | None = None) -> None:
         from diffusers import FluxPipeline
 
         from pipelines.loader import BUILTIN_MODEL_DIR
@@ -115,7 +118,9 @@ class DiffusersSystem:
         self.pipe.set_progress_bar_config(disable=True)
         studio = read_studio_config(__import__("pathlib").Path(path))
         self.max_sequence_length = studio.max_sequence_length or 512
-        self.guidance_scale = studio.guidance_scale if studio.guidance_scale is not None else 1.0
+        if guidance_scale is None:
+            guidance_scale = studio.guidance_scale if studio.guidance_scale is not None else 1.0
+        self.guidance_scale = guidance_scale
         self.negative_prompt = studio.negative_prompt
         self._queue: queue.Queue = queue.Queue()
         self._worker = threading.Thread(target=self._serve, daemon=True)
@@ -170,7 +175,8 @@ class DiffusersSystem:
 
 # ---------------------------------------------------------------------------- ceiling
 @torch.no_grad()
-def measure_denoiser(model: str, size: int, batch_sizes: tuple[int, ...], repeats: int = 10) -> dict:
+def measure_denoiser(model: str, size: int, batch_sizes: tuple[int, ...], repeats: int = 10,
+                     guidance_scale: float | None = None) -> dict:
     """Time the bare batched denoiser forward (the pipeline's denoise_step, no engine), and
     one request's encode and decode, to compute the batching ceiling."""
     pipeline = load_pipeline(model)
@@ -178,7 +184,9 @@ def measure_denoiser(model: str, size: int, batch_sizes: tuple[int, ...], repeat
     states = []
     encode_s = []
     for i in range(max(batch_sizes)):
-        params = engine.prepare_params(GenerationParams(prompt=f"a red circle {i}", width=size, height=size, seed=i))
+        params = engine.prepare_params(
+            GenerationParams(prompt=f"a red circle {i}", width=size, height=size, seed=i, guidance_scale=guidance_scale)
+        )
         state = RequestState(request_id=str(i), params=params)
         started = time.perf_counter()
         pipeline.prepare_encode(state)
@@ -208,7 +216,7 @@ class HttpSystem:
     the same engine plus JSON, PNG encoding, base64 and a socket per request. The client
     can't see steps over this API, so cancels are not sent and admission is not observed."""
 
-    def __init__(self, model: str, max_batch: int, preview_every: int) -> None:
+    def __init__(self, model: str, max_batch: int, preview_every: int, guidance_scale: float | None = None) -> None:
         import socket
 
         import uvicorn
@@ -217,6 +225,7 @@ class HttpSystem:
         from studio.http_api import build_router
 
         inner = EngineSystem(model, mode="step", max_batch=max_batch, preview_every=0)
+        self.guidance_scale = guidance_scale
         self.engine = inner.engine
         app = FastAPI()
         app.include_router(build_router(self.engine))
@@ -240,6 +249,8 @@ class HttpSystem:
         done = threading.Event()
         body = {"prompt": item.prompt, "size": f"{item.size}x{item.size}", "num_inference_steps": item.steps,
                 "seed": item.seed, "response_format": "b64_json"}
+        if self.guidance_scale is not None:
+            body["guidance_scale"] = self.guidance_scale
 
         def call() -> None:
             response = httpx.post(self.url, json=body, timeout=3600)

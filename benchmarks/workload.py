@@ -39,15 +39,17 @@ class Workload:
     users: int
     rate_per_s: float
     items: tuple[WorkItem, ...]
+    guidance_scale: float | None = None  # None: the model's default (e.g. true CFG)
 
     def to_json(self) -> str:
         return json.dumps({"kind": self.kind, "users": self.users, "rate_per_s": self.rate_per_s,
-                           "items": [asdict(i) for i in self.items]})
+                           "items": [asdict(i) for i in self.items], "guidance_scale": self.guidance_scale})
 
     @classmethod
     def from_json(cls, text: str) -> "Workload":
         data = json.loads(text)
-        return cls(data["kind"], data["users"], data["rate_per_s"], tuple(WorkItem(**i) for i in data["items"]))
+        return cls(data["kind"], data["users"], data["rate_per_s"], tuple(WorkItem(**i) for i in data["items"]),
+                   data.get("guidance_scale"))
 
 
 def shape_prompts(count: int, seed: int) -> list[str]:
@@ -70,6 +72,7 @@ def make_workload(
     cancel_fraction: float,
     seed: int,
     arrivals: Literal["poisson", "fixed"] = "poisson",
+    guidance_scale: float | None = None,
 ) -> Workload:
     if num_requests < 1 or users < 1:
         raise ValueError(f"num_requests={num_requests} and users={users} must both be at least 1.")
@@ -95,7 +98,7 @@ def make_workload(
         )
         if kind == "open":
             clock += rng.expovariate(rate_per_s) if arrivals == "poisson" else 1.0 / rate_per_s
-    return Workload(kind=kind, users=users, rate_per_s=rate_per_s, items=tuple(items))
+    return Workload(kind=kind, users=users, rate_per_s=rate_per_s, items=tuple(items), guidance_scale=guidance_scale)
 
 
 def save(workload: Workload, path: Path) -> None:
