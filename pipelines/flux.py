@@ -24,7 +24,6 @@ the key: a CFG and a non-CFG request at the same size share a forward.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from diffusers import FluxPipeline
 from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
 from PIL import Image
 
+from pipelines.attention import select_attention_backend
 from pipelines.flow_match import combine_interleaved_cfg, flow_match_step
 from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
@@ -106,20 +106,6 @@ def _default_max_sequence_length(pipe: FluxPipeline, guidance_embeds: bool) -> i
     return length
 
 
-def _select_attention(transformer, device: torch.device, dtype: torch.dtype, requested: str | None) -> str:
-    """SDPA ("native") unless flash-attn is installed and usable (CUDA, half precision)."""
-    if requested is not None:
-        transformer.set_attention_backend(requested)
-        return requested
-    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and importlib.util.find_spec("flash_attn"):
-        try:
-            transformer.set_attention_backend("flash")
-            return "flash"
-        except (RuntimeError, ValueError, ImportError) as exc:
-            log.warning("flash-attn is installed but unusable (%s); using PyTorch SDPA", exc)
-    return "native"
-
-
 class FluxStepPipeline:
     """A FLUX.1 checkpoint driven one denoise step at a time (see the module docstring)."""
 
@@ -148,7 +134,7 @@ class FluxStepPipeline:
             )
         # Pristine template: every request deep-copies it; nobody ever steps it.
         self._scheduler_template = copy.deepcopy(pipe.scheduler)
-        self.attention_backend = _select_attention(self.transformer, device, self.transformer.dtype, attention_backend)
+        self.attention_backend = select_attention_backend(self.transformer, device, self.transformer.dtype, attention_backend)
         if compile_transformer:
             # Off by default: the first forwards of each new batch size recompile (minutes for 12B).
             self.transformer.compile()

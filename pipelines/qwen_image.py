@@ -27,6 +27,7 @@ from diffusers import QwenImagePipeline
 from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift, retrieve_timesteps
 from PIL import Image
 
+from pipelines.attention import select_attention_backend
 from pipelines.flow_match import flow_match_step
 from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection
@@ -102,6 +103,7 @@ class QwenImageStepPipeline:
         # Latents are packed in 2x2 patches: image sides must divide by twice the VAE factor.
         self.size_multiple = pipe.vae_scale_factor * 2
         self._scheduler_template = copy.deepcopy(pipe.scheduler)  # pristine: requests get copies
+        self.attention_backend = select_attention_backend(self.transformer, device, self.transformer.dtype)
         studio = studio or StudioConfig()
         self.preview_projection = self._preview_projection(studio)
         size = pipe.default_sample_size * pipe.vae_scale_factor
@@ -120,7 +122,11 @@ class QwenImageStepPipeline:
             uses_negative_prompt=True,
             size_multiple=self.size_multiple,
             schedulers=(SCHEDULER_NAME,),
-            extras={"default_scheduler": SCHEDULER_NAME, "preview": self.preview_projection.source},
+            extras={
+                "default_scheduler": SCHEDULER_NAME,
+                "preview": self.preview_projection.source,
+                "attention": self.attention_backend,
+            },
         )
 
     @classmethod

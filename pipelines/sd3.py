@@ -26,6 +26,7 @@ from diffusers import StableDiffusion3Pipeline
 from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift, retrieve_timesteps
 from PIL import Image
 
+from pipelines.attention import select_attention_backend
 from pipelines.flow_match import combine_interleaved_cfg, flow_match_step
 from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
@@ -93,6 +94,7 @@ class SD3StepPipeline:
             )
         # Pristine template: every request deep-copies it; nobody ever steps it.
         self._scheduler_template = copy.deepcopy(pipe.scheduler)
+        self.attention_backend = select_attention_backend(self.transformer, device, self.transformer.dtype)
         if compile_transformer:
             # Off by default: the first forwards of each new batch size recompile.
             self.transformer.compile()
@@ -118,6 +120,7 @@ class SD3StepPipeline:
                 "guidance": "CFG when guidance_scale > 1 (negative prompt rows share the forward)",
                 "max_sequence_length": str(self.max_sequence_length),
                 "shift": str(pipe.scheduler.config.get("shift")),
+                "attention": self.attention_backend,
                 "preview": self.preview_projection.source,
                 "vocabulary": " ".join(sorted(self.studio.vocabulary)),
             },

@@ -36,6 +36,7 @@ from diffusers import (
 from diffusers.utils.torch_utils import randn_tensor
 from PIL import Image
 
+from pipelines.attention import select_attention_backend
 from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
 from pipelines.loader import LoadOptions, resolve_device_dtype
@@ -142,6 +143,7 @@ class StableDiffusionStepPipeline:
         self.default_scheduler = default_scheduler
         # Pristine templates: requests get deep copies, never these objects themselves.
         self._checkpoint_scheduler = copy.deepcopy(pipe.scheduler)
+        self.attention_backend = select_attention_backend(self.unet, device, self.unet.dtype)
         self._scheduler_templates = {
             name: scheduler_class.from_config(pipe.scheduler.config, **overrides)
             for name, (scheduler_class, overrides) in NOISE_SCHEDULERS.items()
@@ -172,6 +174,7 @@ class StableDiffusionStepPipeline:
             extras={
                 "default_scheduler": default_scheduler or _scheduler_name_of(pipe.scheduler),
                 "preview": self.preview_projection.source,
+                "attention": self.attention_backend,
             },
         )
 

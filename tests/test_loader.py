@@ -47,3 +47,17 @@ def test_compile_needs_a_denoiser_and_warm_up_runs_each_size():
         engine.close()
     assert len(times) == 2 and all(t > 0 for t in times)
     assert [len(f) for f in pipeline.forward_log] == [1, 1, 1, 1]
+
+
+def test_attention_is_sdpa_on_cpu_and_flash_is_never_required():
+    from diffusers import FluxTransformer2DModel
+
+    from pipelines.attention import select_attention_backend
+
+    tiny = FluxTransformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
+                                  attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                                  pooled_projection_dim=32, axes_dims_rope=(4, 6, 6))
+    assert select_attention_backend(tiny, torch.device("cpu"), torch.float32) == "native"
+    # Even asking for half precision on CPU never picks flash-attn.
+    assert select_attention_backend(tiny, torch.device("cpu"), torch.bfloat16) == "native"
+    assert select_attention_backend(tiny, torch.device("cpu"), torch.float32, requested="native") == "native"
