@@ -40,6 +40,7 @@ from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
 from pipelines.loader import LoadOptions, resolve_device_dtype
 from pipelines.params import GenerationParams
+from pipelines.validation import check_image_params, check_scheduler_name
 from pipelines.studio_config import StudioConfig, read_studio_config
 
 log = logging.getLogger(__name__)
@@ -177,10 +178,8 @@ class FluxStepPipeline:
         `compile_transformer`: `torch.compile` the transformer (off by default)."""
         options = options or LoadOptions()
         path = Path(path)
-        if options.scheduler not in (None, *SCHEDULERS):
-            raise ValueError(
-                f"scheduler={options.scheduler!r} is not available for FLUX; available: {', '.join(SCHEDULERS)}."
-            )
+        if options.scheduler is not None:
+            check_scheduler_name("scheduler", options.scheduler, SCHEDULERS)
         device, dtype = resolve_device_dtype(options)
         studio = read_studio_config(path)
         try:
@@ -215,21 +214,7 @@ class FluxStepPipeline:
 
     # ------------------------------------------------------------------ protocol
     def validate(self, params: GenerationParams) -> None:
-        multiple = self.vae_scale_factor * 2
-        for name in ("height", "width"):
-            value = getattr(params, name)
-            if value % multiple:
-                lower = max(multiple, value - value % multiple)
-                raise ValueError(
-                    f"{name}={value} is not allowed: FLUX needs a multiple of {multiple} "
-                    f"(e.g. {lower} or {lower + multiple})."
-                )
-        if params.num_frames != 1:
-            raise ValueError(f"num_frames={params.num_frames} is not allowed: FLUX makes images, use 1.")
-        if params.scheduler not in (None, *SCHEDULERS):
-            raise ValueError(
-                f"scheduler={params.scheduler!r} is not available for FLUX; available: {', '.join(SCHEDULERS)}."
-            )
+        check_image_params(params, "FLUX", self.vae_scale_factor * 2, SCHEDULERS)
 
     def batch_key(self, params: GenerationParams) -> FluxBatchKey:
         return FluxBatchKey(height=params.height, width=params.width, max_sequence_length=self.max_sequence_length)

@@ -33,6 +33,7 @@ from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection
 from pipelines.loader import LoadOptions, resolve_device_dtype
 from pipelines.params import GenerationParams
+from pipelines.validation import check_image_params, check_scheduler_name
 from pipelines.studio_config import StudioConfig, read_studio_config
 
 SCHEDULER_NAME = "flow-match-euler"  # the only noise scheduler Qwen-Image is trained for
@@ -131,8 +132,8 @@ class QwenImageStepPipeline:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, options: LoadOptions) -> "QwenImageStepPipeline":
-        if options.scheduler not in (None, SCHEDULER_NAME):
-            raise ValueError(f"scheduler={options.scheduler!r}: Qwen-Image offers only {SCHEDULER_NAME!r}.")
+        if options.scheduler is not None:
+            check_scheduler_name("scheduler", options.scheduler, (SCHEDULER_NAME,))
         device, dtype = resolve_device_dtype(options)
         pipe = QwenImagePipeline.from_pretrained(path, use_safetensors=True, torch_dtype=dtype)
         pipe.set_progress_bar_config(disable=True)
@@ -140,21 +141,7 @@ class QwenImageStepPipeline:
 
     # ---------------------------------------------------------------- protocol
     def validate(self, params: GenerationParams) -> None:
-        for name in ("width", "height"):
-            value = getattr(params, name)
-            if value % self.size_multiple:
-                raise ValueError(
-                    f"{name}={value} must be a multiple of {self.size_multiple} for {self.info.name} "
-                    f"(VAE factor {self.vae_scale_factor} x 2x2 latent patches); "
-                    f"e.g. {max(self.size_multiple, value - value % self.size_multiple)}."
-                )
-        if params.num_frames != 1:
-            raise ValueError(f"num_frames={params.num_frames}: {self.info.name} makes still images, use 1.")
-        if params.scheduler not in (None, SCHEDULER_NAME):
-            raise ValueError(
-                f"scheduler={params.scheduler!r} is not a noise scheduler this model offers; "
-                f"allowed is: {SCHEDULER_NAME} (or leave it unset)."
-            )
+        check_image_params(params, self.info.name, self.size_multiple, (SCHEDULER_NAME,))
 
     def batch_key(self, params: GenerationParams) -> QwenImageBatchKey:
         return QwenImageBatchKey(params.width, params.height, self._uses_cfg(params))

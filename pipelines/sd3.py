@@ -32,6 +32,7 @@ from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
 from pipelines.loader import LoadOptions, resolve_device_dtype
 from pipelines.params import GenerationParams
+from pipelines.validation import check_image_params, check_scheduler_name
 from pipelines.studio_config import StudioConfig, read_studio_config
 
 FLOW_MATCH_EULER = "flow-match-euler"
@@ -130,13 +131,11 @@ class SD3StepPipeline:
     def from_pretrained(
         cls, path: str | Path, options: LoadOptions | None = None, *, compile_transformer: bool = False
     ) -> "SD3StepPipeline":
-        """Load a diffusers SD3 folder (safetensors only). Attention is PyTorch SDPA."""
+        """Load a diffusers SD3 folder (safetensors only)."""
         options = options or LoadOptions()
         path = Path(path)
-        if options.scheduler not in (None, *SCHEDULERS):
-            raise ValueError(
-                f"scheduler={options.scheduler!r} is not available for SD3; available: {', '.join(SCHEDULERS)}."
-            )
+        if options.scheduler is not None:
+            check_scheduler_name("scheduler", options.scheduler, SCHEDULERS)
         device, dtype = resolve_device_dtype(options)
         studio = read_studio_config(path)
         try:
@@ -161,21 +160,7 @@ class SD3StepPipeline:
 
     # ------------------------------------------------------------------ protocol
     def validate(self, params: GenerationParams) -> None:
-        multiple = self.size_multiple
-        for name in ("height", "width"):
-            value = getattr(params, name)
-            if value % multiple:
-                lower = max(multiple, value - value % multiple)
-                raise ValueError(
-                    f"{name}={value} is not allowed: SD3 needs a multiple of {multiple} "
-                    f"(e.g. {lower} or {lower + multiple})."
-                )
-        if params.num_frames != 1:
-            raise ValueError(f"num_frames={params.num_frames} is not allowed: SD3 makes images, use 1.")
-        if params.scheduler not in (None, *SCHEDULERS):
-            raise ValueError(
-                f"scheduler={params.scheduler!r} is not available for SD3; available: {', '.join(SCHEDULERS)}."
-            )
+        check_image_params(params, "SD3", self.size_multiple, SCHEDULERS)
 
     def batch_key(self, params: GenerationParams) -> SD3BatchKey:
         return SD3BatchKey(height=params.height, width=params.width, max_sequence_length=self.max_sequence_length)

@@ -41,6 +41,7 @@ from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
 from pipelines.loader import LoadOptions, resolve_device_dtype
 from pipelines.params import GenerationParams
+from pipelines.validation import check_image_params, check_scheduler_name
 from pipelines.studio_config import StudioConfig, read_studio_config
 
 # Noise schedulers a request may pick by name: diffusers class + config overrides.
@@ -139,7 +140,7 @@ class StableDiffusionStepPipeline:
         self.device = device
         self.vae_scale_factor = pipe.vae_scale_factor
         if default_scheduler is not None:
-            self._check_scheduler_name("scheduler", default_scheduler)
+            check_scheduler_name("scheduler", default_scheduler, tuple(NOISE_SCHEDULERS))
         self.default_scheduler = default_scheduler
         # Pristine templates: requests get deep copies, never these objects themselves.
         self._checkpoint_scheduler = copy.deepcopy(pipe.scheduler)
@@ -189,18 +190,7 @@ class StableDiffusionStepPipeline:
 
     # ---------------------------------------------------------------- protocol
     def validate(self, params: GenerationParams) -> None:
-        for name in ("width", "height"):
-            value = getattr(params, name)
-            if value % self.vae_scale_factor:
-                raise ValueError(
-                    f"{name}={value} must be a multiple of {self.vae_scale_factor} for {self.info.name} "
-                    f"(the VAE downsamples by {self.vae_scale_factor}); "
-                    f"e.g. {max(self.vae_scale_factor, value - value % self.vae_scale_factor)}."
-                )
-        if params.num_frames != 1:
-            raise ValueError(f"num_frames={params.num_frames}: {self.info.name} makes still images, use 1.")
-        if params.scheduler is not None:
-            self._check_scheduler_name("scheduler", params.scheduler)
+        check_image_params(params, self.info.name, self.vae_scale_factor, tuple(NOISE_SCHEDULERS))
 
     def batch_key(self, params: GenerationParams) -> UNetBatchKey:
         return UNetBatchKey(params.width, params.height, self._uses_cfg(params.guidance_scale))
@@ -338,18 +328,11 @@ class StableDiffusionStepPipeline:
         embedding = self.pipe.get_guidance_scale_embedding(scale, embedding_dim=self.unet.config.time_cond_proj_dim)
         return embedding.to(device=self.device, dtype=dtype)
 
-    def _check_scheduler_name(self, field_name: str, name: str) -> None:
-        if name not in NOISE_SCHEDULERS:
-            raise ValueError(
-                f"{field_name}={name!r} is not a noise scheduler this model offers; "
-                f"allowed are: {', '.join(NOISE_SCHEDULERS)} (or leave it unset for the default)."
-            )
-
     def _scheduler_template(self, name: str | None):
         name = name or self.default_scheduler
         if name is None:
             return self._checkpoint_scheduler
-        self._check_scheduler_name("scheduler", name)
+        check_scheduler_name("scheduler", name, tuple(NOISE_SCHEDULERS))
         return self._scheduler_templates[name]
 
     @staticmethod

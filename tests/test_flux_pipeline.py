@@ -304,7 +304,7 @@ def test_vocabulary_lowercases_prompts_and_reports_unknown_words(flux):
         ({"width": 30}, "width=30 is not allowed: FLUX needs a multiple of 4"),
         ({"height": 34}, "height=34 is not allowed: FLUX needs a multiple of 4"),
         ({"num_frames": 2}, "num_frames=2"),
-        ({"scheduler": "ddim"}, "scheduler='ddim' is not available for FLUX; available: flow-match-euler"),
+        ({"scheduler": "ddim"}, "scheduler='ddim' is not a noise scheduler this model offers; allowed are: flow-match-euler"),
     ],
 )
 def test_validate_names_the_field_the_value_and_what_is_allowed(flux, change, message):
@@ -314,7 +314,7 @@ def test_validate_names_the_field_the_value_and_what_is_allowed(flux, change, me
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         flux.validate(GenerationParams(**fields))
     engine = Engine(flux)  # the engine refuses it at submit time, before queuing
-    with pytest.raises(ValueError, match="not allowed|not available"):
+    with pytest.raises(ValueError, match="not allowed|not a noise scheduler"):
         engine.submit(GenerationParams(**fields))
 
 

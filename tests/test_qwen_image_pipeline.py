@@ -74,9 +74,9 @@ def test_loader_picks_qwen_image_with_true_cfg_defaults(qwen_pipeline):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"scheduler": "euler"}, r"scheduler='euler' is not a noise scheduler.*allowed is: flow-match-euler"),
-        ({"width": 36}, r"width=36 must be a multiple of 8"),
-        ({"num_frames": 3}, r"num_frames=3: .* use 1"),
+        ({"scheduler": "euler"}, r"scheduler='euler' is not a noise scheduler.*allowed are: flow-match-euler"),
+        ({"width": 36}, r"width=36 is not allowed: .* needs a multiple of 8"),
+        ({"num_frames": 3}, r"num_frames=3 is not allowed: .* use 1"),
     ],
 )
 def test_model_limits_are_checked_at_submission(qwen_pipeline, overrides, message):

@@ -149,7 +149,7 @@ def test_batch_key_is_the_image_size_only(sd3):
     [
         ({"width": 30}, "width=30 is not allowed: SD3 needs a multiple of 4"),
         ({"num_frames": 3}, "num_frames=3"),
-        ({"scheduler": "euler-a"}, "scheduler='euler-a' is not available for SD3"),
+        ({"scheduler": "euler-a"}, "scheduler='euler-a' is not a noise scheduler this model offers; allowed are: flow-match-euler"),
     ],
 )
 def test_validate_names_the_field_the_value_and_what_is_allowed(sd3, change, message):

@@ -138,9 +138,9 @@ def test_unknown_scheduler_is_a_clear_error(sd_pipeline, sd_folder):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"width": 33}, r"width=33 must be a multiple of 2"),
-        ({"height": 31}, r"height=31 must be a multiple of 2"),
-        ({"num_frames": 2}, r"num_frames=2: .* use 1"),
+        ({"width": 33}, r"width=33 is not allowed: .* needs a multiple of 2"),
+        ({"height": 31}, r"height=31 is not allowed: .* needs a multiple of 2"),
+        ({"num_frames": 2}, r"num_frames=2 is not allowed: .* use 1"),
     ],
 )
 def test_model_limits_are_checked_at_submission(sd_pipeline, overrides, message):

@@ -1,0 +1,29 @@
+"""Model-specific checks every image family makes, with one wording for their errors."""
+
+from __future__ import annotations
+
+from pipelines.params import GenerationParams
+
+
+def check_scheduler_name(field_name: str, name: str, offered: tuple[str, ...]) -> None:
+    if name not in offered:
+        raise ValueError(
+            f"{field_name}={name!r} is not a noise scheduler this model offers; "
+            f"allowed are: {', '.join(offered)} (or leave it unset for the default)."
+        )
+
+
+def check_image_params(params: GenerationParams, model: str, size_multiple: int, schedulers: tuple[str, ...]) -> None:
+    """Width/height multiples, a single frame, and a scheduler the model offers."""
+    for name in ("width", "height"):
+        value = getattr(params, name)
+        if value % size_multiple:
+            lower = max(size_multiple, value - value % size_multiple)
+            raise ValueError(
+                f"{name}={value} is not allowed: {model} needs a multiple of {size_multiple} "
+                f"(e.g. {lower} or {lower + size_multiple})."
+            )
+    if params.num_frames != 1:
+        raise ValueError(f"num_frames={params.num_frames} is not allowed: {model} makes still images, use 1.")
+    if params.scheduler is not None:
+        check_scheduler_name("scheduler", params.scheduler, schedulers)
