@@ -14,16 +14,17 @@ import random
 import threading
 import time
 import uuid
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, replace
 
+from engine.activity import EngineActivity
 from engine.events import RequestHandle, deliver_pending
 from engine.limits import EngineClosedError, QueueFullError, ServingLimits, SessionLimitError
 from engine.metrics import EngineMetrics
 from engine.request import Request, RequestStatus
 from engine.runner import ModelRunner
 from engine.scheduler import Mode, Scheduler
-from engine.snapshot import EngineSnapshot, EngineStats, RequestView, StageStats
+from engine.snapshot import EngineSnapshot, build_snapshot
 from pipelines.interface import PipelineInfo, StepPipeline, resolve_defaults
 from pipelines.params import GenerationParams
 
@@ -79,13 +80,9 @@ class Engine:
         self._owner: dict[str, str] = {}  # unfinished request id -> session id
         self._in_flight_by_session: Counter[str] = Counter()
         # Written by the engine thread only.
-        self._forwards_by_batch_size: Counter[int] = Counter()
-        self._finished_counts: Counter[str] = Counter()
-        self._recent_steps: deque[tuple[float, int]] = deque(maxlen=256)  # (time, rows)
-        self._stage_means = {"encode_s": None, "denoise_step_s": None, "decode_s": None}
+        self._activity = EngineActivity()
         self._first_preview_seen: set[str] = set()
-        self._phase = "idle"
-        self._snapshot = self._build_snapshot()
+        self._snapshot = build_snapshot(self._scheduler, self._activity)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -207,7 +204,7 @@ class Engine:
             self._scheduler.abort_all("the engine stopped after an internal error")
         finally:
             self._runner.free(list(self._runner.states))
-            self._phase = "stopped"
+            self._activity.phase = "stopped"
             self._publish()
 
     def _handle_commands(self, block: bool) -> bool:
@@ -252,23 +249,22 @@ class Engine:
             return
         for request in scheduled.new:
             self.metrics.admission_latency.observe(request.started_at - request.submitted_at)
-        self._phase = "denoise"
+        self._activity.phase = "denoise"
         started = time.perf_counter()
         output = self._runner.execute(scheduled)
         self._scheduler.update(output)
         elapsed = time.perf_counter() - started
-        self._phase = "idle"
+        self._activity.phase = "idle"
 
         self.metrics.step_seconds.observe(elapsed)
         if output.batch_size:
             self.metrics.batch_size.observe(output.batch_size)
-            self._forwards_by_batch_size[output.batch_size] += 1
-            self._recent_steps.append((time.perf_counter(), output.batch_size))
+            self._activity.record_forward(output.batch_size, time.perf_counter())
         times = self._runner.last_times
-        self._update_stage_mean("encode_s", times.encode_s)
-        self._update_stage_mean("decode_s", times.decode_s)
+        self._activity.record_stage("encode_s", times.encode_s)
+        self._activity.record_stage("decode_s", times.decode_s)
         if output.batch_size:
-            self._update_stage_mean("denoise_step_s", [times.forward_s + times.scheduler_s])
+            self._activity.record_stage("denoise_step_s", [times.forward_s + times.scheduler_s])
         for row in output.rows:
             if row.preview is not None and row.request_id not in self._first_preview_seen:
                 self._first_preview_seen.add(row.request_id)
@@ -276,12 +272,6 @@ class Engine:
                 if request is not None:
                     self.metrics.first_preview_latency.observe(time.perf_counter() - request.submitted_at)
         self._publish()
-
-    def _update_stage_mean(self, name: str, samples: list[float]) -> None:
-        for sample in samples:
-            previous = self._stage_means[name]
-            # Exponential moving average: recent work matters most, noise is smoothed.
-            self._stage_means[name] = sample if previous is None else 0.8 * previous + 0.2 * sample
 
     def _release(self, finished: list[Request]) -> None:
         """Free the slots and count the outcomes of requests that just ended."""
@@ -293,7 +283,7 @@ class Engine:
                     del self._in_flight_by_session[request.session_id]
         for request in finished:
             status = request.status.name.removeprefix("FINISHED_").lower()
-            self._finished_counts[status] += 1
+            self._activity.finished[status] += 1
             self.metrics.requests_finished.labels(status).inc()
             self._first_preview_seen.discard(request.request_id)
             if request.status == RequestStatus.FINISHED_COMPLETED:
@@ -308,77 +298,9 @@ class Engine:
         finished = self._scheduler.take_finished()
         if finished:
             self._release(finished)
-        self._snapshot = self._build_snapshot()
+        self._snapshot = build_snapshot(self._scheduler, self._activity)
         self.metrics.queue_depth.set(self._scheduler.num_waiting)
         self.metrics.running.set(self._scheduler.num_running)
         for request in finished:
             request.handle.emit(request.final_event)
         deliver_pending()
-
-    def _steps_per_s(self, now: float, window_s: float = 5.0) -> float:
-        recent = [(t, rows) for t, rows in self._recent_steps if now - t <= window_s]
-        if len(recent) < 2:
-            return 0.0
-        span = max(now - recent[0][0], 1e-6)
-        return sum(rows for _, rows in recent) / span
-
-    def _build_snapshot(self) -> EngineSnapshot:
-        now = time.perf_counter()
-        scheduler = self._scheduler
-        step_s = self._stage_means["denoise_step_s"]
-        batch = set(scheduler.current_batch)
-        groups = max(1, len({r.batch_key for r in scheduler.requests.values()}))
-        views: list[RequestView] = []
-        running = [r for r in scheduler.requests.values() if r.status == RequestStatus.RUNNING]
-        for request in sorted(running, key=lambda r: r.arrival_index):
-            remaining = request.total_steps - request.steps_done
-            in_batch = request.request_id in batch
-            views.append(
-                RequestView(
-                    request_id=request.request_id,
-                    session_id=request.session_id,
-                    prompt=request.params.prompt,
-                    state="running",
-                    step=request.steps_done,
-                    total=request.total_steps,
-                    position=None,
-                    submitted_at=request.submitted_at,
-                    started_at=request.started_at,
-                    batch=scheduler.current_batch if in_batch else (),
-                    eta_s=None if step_s is None else remaining * step_s * groups,
-                )
-            )
-        # Waiting requests: ETA = the work queued ahead of them spread over max_batch slots.
-        ahead_steps = sum(r.total_steps - r.steps_done for r in running)
-        for position, request in enumerate(scheduler.waiting_order(), start=1):
-            eta = None
-            if step_s is not None:
-                eta = (ahead_steps / scheduler.max_batch + request.total_steps) * step_s
-            views.append(
-                RequestView(
-                    request_id=request.request_id,
-                    session_id=request.session_id,
-                    prompt=request.params.prompt,
-                    state="waiting",
-                    step=0,
-                    total=request.total_steps,
-                    position=position,
-                    submitted_at=request.submitted_at,
-                    started_at=None,
-                    batch=(),
-                    eta_s=eta,
-                )
-            )
-            ahead_steps += request.total_steps
-        stats = EngineStats(
-            mode=scheduler.mode,
-            max_batch=scheduler.max_batch,
-            current_batch_size=len(batch & scheduler.requests.keys()),
-            steps_per_s=self._steps_per_s(now),
-            forwards=sum(self._forwards_by_batch_size.values()),
-            forwards_by_batch_size=dict(self._forwards_by_batch_size),
-            finished=dict(self._finished_counts),
-            stages=StageStats(**self._stage_means),
-            phase=self._phase,
-        )
-        return EngineSnapshot(taken_at=now, requests=tuple(views), stats=stats)

@@ -8,6 +8,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from engine.activity import EngineActivity
+from engine.request import RequestStatus
+
+if TYPE_CHECKING:
+    from engine.scheduler import Scheduler
 
 
 @dataclass(frozen=True)
@@ -70,3 +77,65 @@ class EngineSnapshot:
     @property
     def running(self) -> tuple[RequestView, ...]:
         return tuple(r for r in self.requests if r.state == "running")
+
+
+def build_snapshot(scheduler: "Scheduler", activity: EngineActivity) -> EngineSnapshot:
+    """The queue view of every unfinished request plus the engine figures, as of now."""
+    now = time.perf_counter()
+    step_s = activity.stage_means["denoise_step_s"]
+    batch = set(scheduler.current_batch)
+    groups = max(1, len({r.batch_key for r in scheduler.requests.values()}))
+    views: list[RequestView] = []
+    running = [r for r in scheduler.requests.values() if r.status == RequestStatus.RUNNING]
+    for request in sorted(running, key=lambda r: r.arrival_index):
+        remaining = request.total_steps - request.steps_done
+        in_batch = request.request_id in batch
+        views.append(
+            RequestView(
+                request_id=request.request_id,
+                session_id=request.session_id,
+                prompt=request.params.prompt,
+                state="running",
+                step=request.steps_done,
+                total=request.total_steps,
+                position=None,
+                submitted_at=request.submitted_at,
+                started_at=request.started_at,
+                batch=scheduler.current_batch if in_batch else (),
+                eta_s=None if step_s is None else remaining * step_s * groups,
+            )
+        )
+    # Waiting requests: ETA = the work queued ahead of them spread over max_batch slots.
+    ahead_steps = sum(r.total_steps - r.steps_done for r in running)
+    for position, request in enumerate(scheduler.waiting_order(), start=1):
+        eta = None
+        if step_s is not None:
+            eta = (ahead_steps / scheduler.max_batch + request.total_steps) * step_s
+        views.append(
+            RequestView(
+                request_id=request.request_id,
+                session_id=request.session_id,
+                prompt=request.params.prompt,
+                state="waiting",
+                step=0,
+                total=request.total_steps,
+                position=position,
+                submitted_at=request.submitted_at,
+                started_at=None,
+                batch=(),
+                eta_s=eta,
+            )
+        )
+        ahead_steps += request.total_steps
+    stats = EngineStats(
+        mode=scheduler.mode,
+        max_batch=scheduler.max_batch,
+        current_batch_size=len(batch & scheduler.requests.keys()),
+        steps_per_s=activity.steps_per_s(now),
+        forwards=sum(activity.forwards_by_batch_size.values()),
+        forwards_by_batch_size=dict(activity.forwards_by_batch_size),
+        finished=dict(activity.finished),
+        stages=StageStats(**activity.stage_means),
+        phase=activity.phase,
+    )
+    return EngineSnapshot(taken_at=now, requests=tuple(views), stats=stats)
