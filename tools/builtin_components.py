@@ -96,15 +96,19 @@ def bpe_merges(words: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
 def build_clip_tokenizer() -> CLIPTokenizer:
     words = model_words() + list(PUNCTUATION)
     pieces, merges = bpe_merges(words)
+    # Single letters let any unknown lower-case word still tokenize (to pieces the model never
+    # learned) instead of to <|endoftext|>, where CLIP would pool too early.
+    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
+    pieces = sorted(set(pieces) | set(letters) | {letter + "</w>" for letter in letters})
     # Special tokens go last: CLIPTextModel treats eos_token_id == 2 as a legacy checkpoint
     # and pools at argmax(input_ids) instead of at the first end-of-text token.
     vocab = {piece: index for index, piece in enumerate(pieces)}
-    for special in ("<|startoftext|>", "<|endoftext|>"):
+    for special in ("<|unknown|>", "<|startoftext|>", "<|endoftext|>"):
         vocab[special] = len(vocab)
     return CLIPTokenizer(
         vocab=vocab,
-        merges=[f"{a} {b}" for a, b in merges],
-        unk_token="<|endoftext|>",
+        merges=merges,
+        unk_token="<|unknown|>",
         bos_token="<|startoftext|>",
         eos_token="<|endoftext|>",
         pad_token="<|endoftext|>",

@@ -43,7 +43,7 @@ POSITION_OFFSET: dict[str, float] = {"small": 15.0, "large": 9.5}
 SIZE_JITTER_PIXELS = 2.0
 POSITION_JITTER_PIXELS = 1.5
 
-FILLER_WORDS: tuple[str, ...] = ("a", "on", "background")
+FILLER_WORDS: tuple[str, ...] = ("a", "an", "on", "background")
 
 _SUPERSAMPLE = 4  # draw at 4x then downsample, for anti-aliased edges
 
@@ -137,8 +137,15 @@ def render(spec: ShapeSpec, rng: np.random.Generator | None = None) -> Image.Ima
     return image.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BOX)
 
 
+def article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
 def caption(spec: ShapeSpec) -> str:
-    return f"a {spec.size} {spec.color} {spec.shape} on a {spec.background} background, {spec.position}"
+    return (
+        f"a {spec.size} {spec.color} {spec.shape} "
+        f"on {article(spec.background)} {spec.background} background, {spec.position}"
+    )
 
 
 _CAPTION_PATTERN = re.compile(
