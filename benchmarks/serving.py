@@ -87,6 +87,15 @@ def _drive(system, workload: Workload) -> list:
     return [t.record for t in tickets]
 
 
+def _engine_step_totals(system) -> tuple[float, float]:
+    """(sum, count) of the engine's step-time histogram; (0, 0) for systems without an engine."""
+    if not hasattr(system, "engine"):
+        return 0.0, 0.0
+    registry = system.engine.metrics.registry
+    return (registry.get_sample_value("stepstudio_step_seconds_sum") or 0.0,
+            registry.get_sample_value("stepstudio_step_seconds_count") or 0.0)
+
+
 def run_system(name: str, model: str, workload: Workload, preview_every: int) -> dict:
     import torch
 
@@ -106,9 +115,13 @@ def run_system(name: str, model: str, workload: Workload, preview_every: int) ->
     else:
         solo_step_s = (warm_record.finished - warm_record.admitted) / warm.steps
 
+    step_sum_before, step_count_before = _engine_step_totals(system)
     started = time.perf_counter()
     records = _drive(system, workload)
     wall = time.perf_counter() - started
+    step_sum, step_count = _engine_step_totals(system)
+    # The engine's mean step while serving this workload: the unit of admission and cancel latency.
+    serving_step_s = (step_sum - step_sum_before) / (step_count - step_count_before) if step_count > step_count_before else None
     sizes = {b: n - warm_sizes.get(b, 0) for b, n in system.batch_sizes().items() if n - warm_sizes.get(b, 0) > 0}
     system.close()
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -117,6 +130,7 @@ def run_system(name: str, model: str, workload: Workload, preview_every: int) ->
         "system": name,
         "wall_s": wall,
         "solo_step_s": solo_step_s,
+        "serving_step_s": serving_step_s,
         "solo_latency_s": warm_record.finished - warm_record.submitted,
         "forwards_by_batch_size": sizes,
         "peak_rss_mb": peak_rss_mb,
@@ -163,6 +177,7 @@ def summarize(result: dict) -> dict:
         "mean_batch": sum(b * n for b, n in sizes.items()) / forwards if forwards else None,
         "peak_batch": max(sizes) if sizes else None,
         "solo_step_s": result["solo_step_s"],
+        "serving_step_s": result.get("serving_step_s"),
         "solo_latency_s": result["solo_latency_s"],
         "peak_rss_mb": result["peak_rss_mb"],
         "peak_gpu_mb": result["peak_gpu_mb"],
@@ -235,13 +250,20 @@ def targets(summaries: list[dict], ceiling: dict | None) -> list[str]:
     if "step8" in by and ceiling and "ceiling_rpm" in ceiling:
         out.append(f"step8 throughput / ceiling: {by['step8']['throughput_rpm'] / ceiling['ceiling_rpm']:.2f} (target >= 0.90)")
     for name in ("step8", "step4"):
-        if name in by and by[name]["solo_step_s"]:
+        if name in by and by[name]["serving_step_s"]:
             s = by[name]
-            step = s["solo_step_s"]
+            step = s["serving_step_s"]  # the engine's mean step while this workload ran
+            out.append(f"{name} mean engine step while serving: {1000 * step:.1f} ms (the unit below)")
             if s["admission_p50_s"] is not None:
                 out.append(f"{name} admission p50: {s['admission_p50_s'] / step:.2f} step-times (target <= 1.5)")
             if s["cancel_latency_mean_s"] is not None:
-                out.append(f"{name} cancel latency mean: {s['cancel_latency_mean_s'] / step:.2f} step-times (target <= 1)")
+                out.append(f"{name} cancel latency mean: {s['cancel_latency_mean_s'] / step:.2f} step-times, "
+                           f"max {s['cancel_latency_max_s'] / step:.2f} (target <= 1)")
+            if s["first_preview_p50_s"] is not None and ceiling:
+                after = s["first_preview_p50_s"] - s["admission_p50_s"]
+                budget = ceiling["encode_s"] + step
+                out.append(f"{name} first preview p50: admission + {1000 * after:.0f} ms "
+                           f"(target: encode + 1 step = {1000 * budget:.0f} ms)")
             break
     return out
 

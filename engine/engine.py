@@ -253,6 +253,11 @@ class Engine:
         started = time.perf_counter()
         output = self._runner.execute(scheduled)
         self._scheduler.update(output)
+        deliver_pending()  # this step's progress and previews go out before the decodes run
+        self._observe_first_previews(output, scheduled)
+        decoded = self._runner.decode_denoised()
+        if decoded.rows:
+            self._scheduler.update(decoded)
         elapsed = time.perf_counter() - started
         self._activity.phase = "idle"
 
@@ -265,13 +270,16 @@ class Engine:
         self._activity.record_stage("decode_s", times.decode_s)
         if output.batch_size:
             self._activity.record_stage("denoise_step_s", [times.forward_s + times.scheduler_s])
+        self._publish()
+
+    def _observe_first_previews(self, output, scheduled) -> None:
+        now = time.perf_counter()
         for row in output.rows:
             if row.preview is not None and row.request_id not in self._first_preview_seen:
                 self._first_preview_seen.add(row.request_id)
                 request = next((r for r in scheduled.batch if r.request_id == row.request_id), None)
                 if request is not None:
-                    self.metrics.first_preview_latency.observe(time.perf_counter() - request.submitted_at)
-        self._publish()
+                    self.metrics.first_preview_latency.observe(now - request.submitted_at)
 
     def _release(self, finished: list[Request]) -> None:
         """Free the slots and count the outcomes of requests that just ended."""

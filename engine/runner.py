@@ -39,6 +39,7 @@ class ModelRunner:
         self.pipeline = pipeline
         self.states: dict[str, RequestState] = {}  # request id -> state; empty when idle
         self.last_times = StageTimes()
+        self._denoised: list[RequestState] = []  # finished denoising this step; decoded after the update
 
     def free(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
@@ -71,13 +72,41 @@ class ModelRunner:
             if state.request_id in forward_errors:
                 continue
             results.append(self._advance(state, predictions[state.request_id], times))
-        times.scheduler_s = time.perf_counter() - started - sum(times.decode_s) - sum(times.preview_s)
+        times.scheduler_s = time.perf_counter() - started - sum(times.preview_s)
 
         for row in results:
-            if row.error is not None or row.images:
+            if row.error is not None:
                 self.states.pop(row.request_id, None)
         forwarded = len(rows) - len(forward_errors)
         return RunnerOutput(rows=tuple(results), batch_size=forwarded if predictions else 0)
+
+    def decode_denoised(self) -> RunnerOutput:
+        """VAE-decode the requests whose last step just ran, and free their states.
+
+        Separate from `execute` so the step's progress and previews reach every batch-mate
+        before the (comparatively slow) decodes run."""
+        results = []
+        for state in self._denoised:
+            started = time.perf_counter()
+            try:
+                images = self.pipeline.post_decode(state)
+            except Exception as exc:  # noqa: BLE001
+                log.exception("post_decode failed for %s", state.request_id)
+                results.append(_failure(state.request_id, "post_decode", exc))
+            else:
+                self.last_times.decode_s.append(time.perf_counter() - started)
+                results.append(
+                    RowResult(
+                        state.request_id,
+                        steps_done=state.step_index,
+                        total_steps=state.total_steps,
+                        images=tuple(images),
+                        is_video=self.pipeline.info.output_kind == "video",
+                    )
+                )
+            self.states.pop(state.request_id, None)
+        self._denoised = []
+        return RunnerOutput(rows=tuple(results), batch_size=0)
 
     # ------------------------------------------------------------------ helpers
     def _forward(self, rows: list[RequestState], times: StageTimes):
@@ -128,20 +157,8 @@ class ModelRunner:
             )
 
         if state.is_denoised:
-            started = time.perf_counter()
-            try:
-                images = self.pipeline.post_decode(state)
-            except Exception as exc:  # noqa: BLE001
-                log.exception("post_decode failed for %s", request_id)
-                return _failure(request_id, "post_decode", exc)
-            times.decode_s.append(time.perf_counter() - started)
-            return RowResult(
-                request_id,
-                steps_done=state.step_index,
-                total_steps=state.total_steps,
-                images=tuple(images),
-                is_video=self.pipeline.info.output_kind == "video",
-            )
+            self._denoised.append(state)  # its image comes next, no preview needed
+            return RowResult(request_id, steps_done=state.step_index, total_steps=state.total_steps)
 
         preview = None
         every = state.params.preview_every

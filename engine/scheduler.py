@@ -44,7 +44,7 @@ class RowResult:
     steps_done: int = 0
     total_steps: int = 0  # the request's real step count (0: unknown, use num_inference_steps)
     preview: object = None  # a small PIL image, or None
-    images: tuple = ()  # decoded media when the request finished denoising
+    images: tuple = ()  # decoded media (a separate result, after the request's last step)
     is_video: bool = False
     error: str | None = None
     error_stage: str = "engine"
@@ -211,15 +211,16 @@ class Scheduler:
             request.steps_done = row.steps_done
             if row.total_steps:
                 request.scheduled_steps = row.total_steps
-            request.handle.emit(
-                Progress(
-                    step=row.steps_done,
-                    total=request.total_steps,
-                    batch_size=output.batch_size,
-                    preview=row.preview,
+            if not row.images:
+                request.handle.emit(
+                    Progress(
+                        step=row.steps_done,
+                        total=request.total_steps,
+                        batch_size=output.batch_size,
+                        preview=row.preview,
+                    )
                 )
-            )
-            if row.images:
+            else:
                 timings = Timings(request.submitted_at, request.started_at, now)
                 self._finish(
                     request,
