@@ -117,7 +117,6 @@ class FluxStepPipeline:
         name: str = "flux",
         studio: StudioConfig | None = None,
         attention_backend: str | None = None,
-        compile_transformer: bool = False,
     ) -> None:
         self.pipe = pipe
         self.device = device
@@ -136,9 +135,6 @@ class FluxStepPipeline:
         # Pristine template: every request deep-copies it; nobody ever steps it.
         self._scheduler_template = copy.deepcopy(pipe.scheduler)
         self.attention_backend = select_attention_backend(self.transformer, device, self.transformer.dtype, attention_backend)
-        if compile_transformer:
-            # Off by default: the first forwards of each new batch size recompile (minutes for 12B).
-            self.transformer.compile()
         self.preview_projection: LatentRgbProjection = projection_for(
             self.vae, self.studio, self.vae_scale_factor
         )
@@ -169,13 +165,12 @@ class FluxStepPipeline:
         options: LoadOptions | None = None,
         *,
         attention_backend: str | None = None,
-        compile_transformer: bool = False,
     ) -> "FluxStepPipeline":
         """Load a diffusers FLUX folder (safetensors only).
 
         `attention_backend`: a diffusers attention backend name ("native" = PyTorch SDPA,
         "flash", ...); None picks flash-attn when installed on CUDA, SDPA otherwise.
-        `compile_transformer`: `torch.compile` the transformer (off by default)."""
+        Compiling the transformer is `LoadOptions(compile_denoiser=True)` (see pipelines/loader.py)."""
         options = options or LoadOptions()
         path = Path(path)
         if options.scheduler is not None:
@@ -197,7 +192,6 @@ class FluxStepPipeline:
             name=path.name,
             studio=studio,
             attention_backend=attention_backend,
-            compile_transformer=compile_transformer,
         )
 
     # ------------------------------------------------------------------ words

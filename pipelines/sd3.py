@@ -79,7 +79,6 @@ class SD3StepPipeline:
         device: torch.device,
         name: str = "sd3",
         studio: StudioConfig | None = None,
-        compile_transformer: bool = False,
     ) -> None:
         self.pipe = pipe
         self.device = device
@@ -96,9 +95,6 @@ class SD3StepPipeline:
         # Pristine template: every request deep-copies it; nobody ever steps it.
         self._scheduler_template = copy.deepcopy(pipe.scheduler)
         self.attention_backend = select_attention_backend(self.transformer, device, self.transformer.dtype)
-        if compile_transformer:
-            # Off by default: the first forwards of each new batch size recompile.
-            self.transformer.compile()
         self.preview_projection: LatentRgbProjection = projection_for(self.vae, self.studio, self.vae_scale_factor)
         default_size = pipe.default_sample_size * self.vae_scale_factor
         self.info = PipelineInfo(
@@ -129,7 +125,7 @@ class SD3StepPipeline:
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, options: LoadOptions | None = None, *, compile_transformer: bool = False
+        cls, path: str | Path, options: LoadOptions | None = None
     ) -> "SD3StepPipeline":
         """Load a diffusers SD3 folder (safetensors only)."""
         options = options or LoadOptions()
@@ -148,7 +144,7 @@ class SD3StepPipeline:
             ) from exc
         pipe.to(device)
         pipe.set_progress_bar_config(disable=True)
-        return cls(pipe, device, name=path.name, studio=studio, compile_transformer=compile_transformer)
+        return cls(pipe, device, name=path.name, studio=studio)
 
     # ------------------------------------------------------------------ words
     def unknown_words(self, prompt: str) -> list[str]:

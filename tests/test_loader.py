@@ -61,3 +61,23 @@ def test_attention_is_sdpa_on_cpu_and_flash_is_never_required():
     # Even asking for half precision on CPU never picks flash-attn.
     assert select_attention_backend(tiny, torch.device("cpu"), torch.bfloat16) == "native"
     assert select_attention_backend(tiny, torch.device("cpu"), torch.float32, requested="native") == "native"
+
+
+@pytest.mark.slow
+def test_a_compiled_denoiser_gives_the_same_image(tmp_path):
+    import numpy as np
+
+    from engine import GenerationParams
+    from tests.tiny_models import build_tiny_flux
+
+    folder = build_tiny_flux(tmp_path / "flux", studio_config={"height": 32, "width": 32, "max_sequence_length": 16})
+    images = []
+    for compiled in (False, True):
+        engine = Engine(load_pipeline(str(folder), LoadOptions(compile_denoiser=compiled))).start()
+        try:
+            warm_up(engine, [(32, 32)])
+            final = engine.submit(GenerationParams(prompt="a red circle", num_inference_steps=3, seed=1)).result(600)
+        finally:
+            engine.close()
+        images.append(np.asarray(final.images[0], np.int16))
+    assert np.abs(images[0] - images[1]).max() <= 1
