@@ -87,13 +87,21 @@ def _drive(system, workload: Workload) -> list:
     return [t.record for t in tickets]
 
 
-def _engine_step_totals(system) -> tuple[float, float]:
-    """(sum, count) of the engine's step-time histogram; (0, 0) for systems without an engine."""
+# Engine-side histograms read around the measured run (the warm-up excluded).
+_ENGINE_HISTOGRAMS = {
+    "serving_step_s": "stepstudio_step_seconds",
+    "engine_cancel_s": "stepstudio_cancel_latency_seconds",  # cancel call -> slot freed
+    "engine_first_preview_s": "stepstudio_first_preview_seconds",
+}
+
+
+def _engine_histogram_totals(system) -> dict[str, tuple[float, float]]:
+    """(sum, count) of each engine histogram; empty for systems without an engine."""
     if not hasattr(system, "engine"):
-        return 0.0, 0.0
+        return {}
     registry = system.engine.metrics.registry
-    return (registry.get_sample_value("stepstudio_step_seconds_sum") or 0.0,
-            registry.get_sample_value("stepstudio_step_seconds_count") or 0.0)
+    return {key: (registry.get_sample_value(f"{metric}_sum") or 0.0, registry.get_sample_value(f"{metric}_count") or 0.0)
+            for key, metric in _ENGINE_HISTOGRAMS.items()}
 
 
 def run_system(name: str, model: str, workload: Workload, preview_every: int) -> dict:
@@ -115,13 +123,14 @@ def run_system(name: str, model: str, workload: Workload, preview_every: int) ->
     else:
         solo_step_s = (warm_record.finished - warm_record.admitted) / warm.steps
 
-    step_sum_before, step_count_before = _engine_step_totals(system)
+    before = _engine_histogram_totals(system)
     started = time.perf_counter()
     records = _drive(system, workload)
     wall = time.perf_counter() - started
-    step_sum, step_count = _engine_step_totals(system)
-    # The engine's mean step while serving this workload: the unit of admission and cancel latency.
-    serving_step_s = (step_sum - step_sum_before) / (step_count - step_count_before) if step_count > step_count_before else None
+    engine_means = {}
+    for key, (total, count) in _engine_histogram_totals(system).items():
+        total_before, count_before = before[key]
+        engine_means[key] = (total - total_before) / (count - count_before) if count > count_before else None
     sizes = {b: n - warm_sizes.get(b, 0) for b, n in system.batch_sizes().items() if n - warm_sizes.get(b, 0) > 0}
     system.close()
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -130,7 +139,7 @@ def run_system(name: str, model: str, workload: Workload, preview_every: int) ->
         "system": name,
         "wall_s": wall,
         "solo_step_s": solo_step_s,
-        "serving_step_s": serving_step_s,
+        **engine_means,  # serving_step_s: the unit of admission and cancel latency
         "solo_latency_s": warm_record.finished - warm_record.submitted,
         "forwards_by_batch_size": sizes,
         "peak_rss_mb": peak_rss_mb,
@@ -178,6 +187,8 @@ def summarize(result: dict) -> dict:
         "peak_batch": max(sizes) if sizes else None,
         "solo_step_s": result["solo_step_s"],
         "serving_step_s": result.get("serving_step_s"),
+        "engine_cancel_s": result.get("engine_cancel_s"),
+        "engine_first_preview_s": result.get("engine_first_preview_s"),
         "solo_latency_s": result["solo_latency_s"],
         "peak_rss_mb": result["peak_rss_mb"],
         "peak_gpu_mb": result["peak_gpu_mb"],
@@ -256,9 +267,10 @@ def targets(summaries: list[dict], ceiling: dict | None) -> list[str]:
             out.append(f"{name} mean engine step while serving: {1000 * step:.1f} ms (the unit below)")
             if s["admission_p50_s"] is not None:
                 out.append(f"{name} admission p50: {s['admission_p50_s'] / step:.2f} step-times (target <= 1.5)")
-            if s["cancel_latency_mean_s"] is not None:
-                out.append(f"{name} cancel latency mean: {s['cancel_latency_mean_s'] / step:.2f} step-times, "
-                           f"max {s['cancel_latency_max_s'] / step:.2f} (target <= 1)")
+            if s["engine_cancel_s"] is not None:
+                out.append(f"{name} cancel latency (cancel call -> slot freed, engine-side) mean: "
+                           f"{s['engine_cancel_s'] / step:.2f} step-times (target <= 1); until the client "
+                           f"hears 'aborted': {s['cancel_latency_mean_s'] / step:.2f}")
             if s["first_preview_p50_s"] is not None and ceiling:
                 after = s["first_preview_p50_s"] - s["admission_p50_s"]
                 budget = ceiling["encode_s"] + step
