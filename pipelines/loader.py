@@ -50,6 +50,22 @@ def resolve_device_dtype(options: LoadOptions):
     return torch.device(device), dtype
 
 
+def load_diffusers_pipeline(pipeline_class, path: Path, options: LoadOptions, family: str, **kwargs):
+    """`pipeline_class.from_pretrained` from safetensors only, on the chosen device and dtype,
+    progress bars off. Any unreadable checkpoint gets the same clear ValueError.
+    Returns (pipe, device)."""
+    device, dtype = resolve_device_dtype(options)
+    try:
+        pipe = pipeline_class.from_pretrained(path, use_safetensors=True, torch_dtype=dtype, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - corrupt, partial or pickle-only folders alike
+        raise ValueError(
+            f"could not load {path} as a {family} checkpoint ({type(exc).__name__}: {exc}). The folder must be "
+            f"a complete {pipeline_class.__name__}.save_pretrained() folder with safetensors weights."
+        ) from exc
+    pipe.set_progress_bar_config(disable=True)
+    return pipe.to(device), device
+
+
 def read_model_index(path: Path) -> dict:
     index_file = path / "model_index.json"
     if not index_file.is_file():

@@ -31,7 +31,7 @@ from pipelines.attention import select_attention_backend
 from pipelines.flow_match import flow_match_step
 from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection
-from pipelines.loader import LoadOptions, resolve_device_dtype
+from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.params import GenerationParams
 from pipelines.validation import check_image_params, check_scheduler_name
 from pipelines.studio_config import StudioConfig, read_studio_config
@@ -134,10 +134,8 @@ class QwenImageStepPipeline:
     def from_pretrained(cls, path: str | Path, options: LoadOptions) -> "QwenImageStepPipeline":
         if options.scheduler is not None:
             check_scheduler_name("scheduler", options.scheduler, (SCHEDULER_NAME,))
-        device, dtype = resolve_device_dtype(options)
-        pipe = QwenImagePipeline.from_pretrained(path, use_safetensors=True, torch_dtype=dtype)
-        pipe.set_progress_bar_config(disable=True)
-        return cls(pipe.to(device), Path(path).name, device, read_studio_config(Path(path)))
+        pipe, device = load_diffusers_pipeline(QwenImagePipeline, Path(path), options, "Qwen-Image")
+        return cls(pipe, Path(path).name, device, read_studio_config(Path(path)))
 
     # ---------------------------------------------------------------- protocol
     def validate(self, params: GenerationParams) -> None:

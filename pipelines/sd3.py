@@ -30,7 +30,7 @@ from pipelines.attention import select_attention_backend
 from pipelines.flow_match import combine_interleaved_cfg, flow_match_step
 from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
-from pipelines.loader import LoadOptions, resolve_device_dtype
+from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.params import GenerationParams
 from pipelines.validation import check_image_params, check_scheduler_name
 from pipelines.studio_config import StudioConfig, read_studio_config
@@ -132,18 +132,8 @@ class SD3StepPipeline:
         path = Path(path)
         if options.scheduler is not None:
             check_scheduler_name("scheduler", options.scheduler, SCHEDULERS)
-        device, dtype = resolve_device_dtype(options)
         studio = read_studio_config(path)
-        try:
-            pipe = StableDiffusion3Pipeline.from_pretrained(path, use_safetensors=True, torch_dtype=dtype)
-        except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint gets the same clear error
-            raise ValueError(
-                f"could not load {path} as a Stable Diffusion 3 checkpoint ({type(exc).__name__}: {exc}). "
-                "The folder must be a complete StableDiffusion3Pipeline.save_pretrained() folder "
-                "with safetensors weights."
-            ) from exc
-        pipe.to(device)
-        pipe.set_progress_bar_config(disable=True)
+        pipe, device = load_diffusers_pipeline(StableDiffusion3Pipeline, path, options, "Stable Diffusion 3")
         return cls(pipe, device, name=path.name, studio=studio)
 
     # ------------------------------------------------------------------ words

@@ -19,7 +19,7 @@ from diffusers import StableDiffusionXLPipeline
 from PIL import Image
 
 from pipelines.interface import RequestState
-from pipelines.loader import LoadOptions, resolve_device_dtype
+from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.params import GenerationParams
 from pipelines.stable_diffusion import StableDiffusionStepPipeline, UNetConditioning
 from pipelines.studio_config import StudioConfig, read_studio_config
@@ -59,10 +59,8 @@ class StableDiffusionXLStepPipeline(StableDiffusionStepPipeline):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, options: LoadOptions) -> "StableDiffusionXLStepPipeline":
-        device, dtype = resolve_device_dtype(options)
-        pipe = StableDiffusionXLPipeline.from_pretrained(path, use_safetensors=True, torch_dtype=dtype)
-        pipe.set_progress_bar_config(disable=True)
-        return cls(pipe.to(device), Path(path).name, device, options.scheduler, read_studio_config(Path(path)))
+        pipe, device = load_diffusers_pipeline(StableDiffusionXLPipeline, Path(path), options, "SDXL")
+        return cls(pipe, Path(path).name, device, options.scheduler, read_studio_config(Path(path)))
 
     def _encode_conditioning(self, params: GenerationParams, cfg: bool) -> UNetConditioning:
         prompt_embeds, negative_prompt_embeds, pooled, negative_pooled = self.pipe.encode_prompt(

@@ -39,7 +39,7 @@ from PIL import Image
 from pipelines.attention import select_attention_backend
 from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
-from pipelines.loader import LoadOptions, resolve_device_dtype
+from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.params import GenerationParams
 from pipelines.validation import check_image_params, check_scheduler_name
 from pipelines.studio_config import StudioConfig, read_studio_config
@@ -181,12 +181,11 @@ class StableDiffusionStepPipeline:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, options: LoadOptions) -> "StableDiffusionStepPipeline":
-        device, dtype = resolve_device_dtype(options)
-        pipe = StableDiffusionPipeline.from_pretrained(
-            path, use_safetensors=True, torch_dtype=dtype, safety_checker=None, requires_safety_checker=False
+        pipe, device = load_diffusers_pipeline(
+            StableDiffusionPipeline, Path(path), options, "Stable Diffusion", safety_checker=None,
+            requires_safety_checker=False,
         )
-        pipe.set_progress_bar_config(disable=True)
-        return cls(pipe.to(device), Path(path).name, device, options.scheduler, read_studio_config(Path(path)))
+        return cls(pipe, Path(path).name, device, options.scheduler, read_studio_config(Path(path)))
 
     # ---------------------------------------------------------------- protocol
     def validate(self, params: GenerationParams) -> None:
