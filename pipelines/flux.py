@@ -86,15 +86,8 @@ class FluxRequestData:
 def _serving_defaults(studio: StudioConfig, guidance_embeds: bool, default_size: int) -> ModelDefaults:
     # Without stepstudio.json: FLUX.1-dev's recommended 28 steps at guidance 3.5; a schnell-style
     # model is distilled for 4 steps without CFG (guidance 0, as in diffusers' schnell example).
-    return ModelDefaults(
-        width=studio.width or default_size,
-        height=studio.height or default_size,
-        num_inference_steps=studio.num_inference_steps or (28 if guidance_embeds else 4),
-        guidance_scale=(
-            studio.guidance_scale if studio.guidance_scale is not None else (3.5 if guidance_embeds else 0.0)
-        ),
-        negative_prompt=studio.negative_prompt,
-        example_prompts=tuple(studio.example_prompts),
+    return studio.model_defaults(
+        default_size, num_inference_steps=28 if guidance_embeds else 4, guidance_scale=3.5 if guidance_embeds else 0.0
     )
 
 

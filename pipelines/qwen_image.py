@@ -29,7 +29,7 @@ from PIL import Image
 
 from pipelines.attention import select_attention_backend
 from pipelines.flow_match import flow_match_step
-from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
+from pipelines.interface import Batch, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection
 from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.params import GenerationParams
@@ -112,14 +112,7 @@ class QwenImageStepPipeline:
             name=name,
             family=self.family,
             output_kind="image",
-            defaults=ModelDefaults(
-                width=studio.width or size,
-                height=studio.height or size,
-                num_inference_steps=studio.num_inference_steps or 30,
-                guidance_scale=studio.guidance_scale if studio.guidance_scale is not None else 4.0,
-                negative_prompt=studio.negative_prompt if studio.negative_prompt is not None else " ",
-                example_prompts=tuple(studio.example_prompts),
-            ),
+            defaults=studio.model_defaults(size, num_inference_steps=30, guidance_scale=4.0, negative_prompt=" "),
             uses_negative_prompt=True,
             size_multiple=self.size_multiple,
             schedulers=(SCHEDULER_NAME,),

@@ -28,7 +28,7 @@ from PIL import Image
 
 from pipelines.attention import select_attention_backend
 from pipelines.flow_match import combine_interleaved_cfg, flow_match_step
-from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
+from pipelines.interface import Batch, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
 from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.params import GenerationParams
@@ -102,14 +102,7 @@ class SD3StepPipeline:
             family="sd3",
             output_kind="image",
             # StableDiffusion3Pipeline's own defaults: 1024^2 for SD3, 28 steps, guidance 7.
-            defaults=ModelDefaults(
-                width=self.studio.width or default_size,
-                height=self.studio.height or default_size,
-                num_inference_steps=self.studio.num_inference_steps or 28,
-                guidance_scale=7.0 if self.studio.guidance_scale is None else self.studio.guidance_scale,
-                negative_prompt=self.studio.negative_prompt,
-                example_prompts=tuple(self.studio.example_prompts),
-            ),
+            defaults=self.studio.model_defaults(default_size, num_inference_steps=28, guidance_scale=7.0),
             uses_negative_prompt=True,
             size_multiple=self.size_multiple,
             schedulers=SCHEDULERS,

@@ -37,7 +37,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from PIL import Image
 
 from pipelines.attention import select_attention_backend
-from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
+from pipelines.interface import Batch, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
 from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.params import GenerationParams
@@ -159,16 +159,7 @@ class StableDiffusionStepPipeline:
             name=name,
             family=self.family,
             output_kind="image",
-            defaults=ModelDefaults(
-                width=studio.width or size,
-                height=studio.height or size,
-                num_inference_steps=studio.num_inference_steps or 30,
-                guidance_scale=(
-                    studio.guidance_scale if studio.guidance_scale is not None else self.default_guidance_scale
-                ),
-                negative_prompt=studio.negative_prompt,
-                example_prompts=tuple(studio.example_prompts),
-            ),
+            defaults=studio.model_defaults(size, num_inference_steps=30, guidance_scale=self.default_guidance_scale),
             uses_negative_prompt=True,
             size_multiple=self.vae_scale_factor,
             schedulers=tuple(NOISE_SCHEDULERS),

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines.interface import ModelDefaults
+
 FILE_NAME = "stepstudio.json"
 
 _WORD = re.compile(r"[a-z0-9']+")
@@ -35,6 +37,19 @@ class StudioConfig:
     vocabulary: frozenset[str] = frozenset()
     preview_rgb_factors: tuple[tuple[float, ...], ...] | None = None
     preview_rgb_bias: tuple[float, ...] | None = None
+
+    def model_defaults(
+        self, size: int, num_inference_steps: int, guidance_scale: float, negative_prompt: str | None = None
+    ) -> ModelDefaults:
+        """The serving defaults: this file's values where set, else the family's (the arguments)."""
+        return ModelDefaults(
+            width=self.width or size,
+            height=self.height or size,
+            num_inference_steps=self.num_inference_steps or num_inference_steps,
+            guidance_scale=guidance_scale if self.guidance_scale is None else self.guidance_scale,
+            negative_prompt=negative_prompt if self.negative_prompt is None else self.negative_prompt,
+            example_prompts=tuple(self.example_prompts),
+        )
 
     def unknown_words(self, prompt: str) -> list[str]:
         """Words of `prompt` outside the vocabulary, in order, without repeats ([] without a vocabulary)."""
