@@ -29,6 +29,7 @@ class Record:
     steps: int
     submitted: float
     admitted: float | None = None  # first denoise step began
+    admitted_batch: int | None = None  # rows of the forward it joined
     first_preview: float | None = None
     finished: float | None = None
     status: str = "pending"  # completed | aborted | failed
@@ -81,6 +82,7 @@ class EngineSystem:
                 now = time.perf_counter()
                 if isinstance(event, Started):
                     record.admitted = now
+                    record.admitted_batch = event.batch_size
                 elif isinstance(event, Progress):
                     record.steps_done = event.step
                     if event.preview is not None and record.first_preview is None:

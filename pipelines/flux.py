@@ -2,9 +2,11 @@
 
 Reads top to bottom like `FluxPipeline.__call__`, cut at the step boundaries:
 
-    prepare_encode   encode_prompt (and the negative prompt for true CFG), the request's own
-                     generator -> prepare_latents (packed 2x2), its own FlowMatchEuler
-                     scheduler with the per-request `mu` of dynamic shifting
+    prepare_encode   encode_prompt (and the negative prompt for true CFG) through the prompt
+                     cache, the request's own generator -> prepare_latents (packed 2x2),
+                     its own FlowMatchEuler scheduler with the per-request `mu` of
+                     dynamic shifting
+    encode_prompts   the texts of a step's joiners in one encode_prompt call (optional protocol)
     denoise_step     ONE transformer forward for every row and every CFG negative row
     step_scheduler   the request's scheduler.step; remembers x0 for the preview
     post_decode      unpack, un-normalize, VAE decode, postprocess to PIL
@@ -27,6 +29,7 @@ import copy
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -40,6 +43,7 @@ from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
 from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.params import GenerationParams
+from pipelines.prompt_cache import PromptEmbeddingCache
 from pipelines.validation import check_image_params, check_scheduler_name
 from pipelines.studio_config import StudioConfig, read_studio_config
 
@@ -127,6 +131,7 @@ class FluxStepPipeline:
             )
         # Pristine template: every request deep-copies it; nobody ever steps it.
         self._scheduler_template = copy.deepcopy(pipe.scheduler)
+        self.prompt_cache = PromptEmbeddingCache(self._encode_texts)
         self.attention_backend = select_attention_backend(self.transformer, device, self.transformer.dtype, attention_backend)
         self.preview_projection: LatentRgbProjection = projection_for(
             self.vae, self.studio, self.vae_scale_factor
@@ -190,6 +195,21 @@ class FluxStepPipeline:
     def _uses_true_cfg(self, params: GenerationParams) -> bool:
         return not self.guidance_embeds and params.guidance_scale > 1.0 and params.negative_prompt is not None
 
+    def _texts(self, params: GenerationParams) -> list[str]:
+        """The prompt, and the negative prompt when true CFG is on, as the text encoders see them."""
+        texts = [self._model_text(params.prompt)]
+        if self._uses_true_cfg(params):
+            texts.append(self._model_text(params.negative_prompt))
+        return texts
+
+    @torch.no_grad()
+    def _encode_texts(self, texts: list[str]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """FluxPipeline.encode_prompt for several texts at once, split back into one entry per text."""
+        prompt_embeds, pooled, text_ids = self.pipe.encode_prompt(
+            prompt=texts, prompt_2=None, device=self.device, max_sequence_length=self.max_sequence_length
+        )
+        return [(prompt_embeds[i : i + 1], pooled[i : i + 1], text_ids) for i in range(len(texts))]
+
     # ------------------------------------------------------------------ protocol
     def validate(self, params: GenerationParams) -> None:
         check_image_params(params, "FLUX", self.vae_scale_factor * 2, SCHEDULERS)
@@ -198,25 +218,19 @@ class FluxStepPipeline:
         return FluxBatchKey(height=params.height, width=params.width, max_sequence_length=self.max_sequence_length)
 
     @torch.no_grad()
+    def encode_prompts(self, params: Sequence[GenerationParams]) -> None:
+        """The texts of requests joining the same step, through the text encoders in one call."""
+        self.prompt_cache.encode_many([text for p in params for text in self._texts(p)])
+
+    @torch.no_grad()
     def prepare_encode(self, state: RequestState) -> None:
         params = state.params
         pipe = self.pipe
-        prompt_embeds, pooled_prompt_embeds, text_ids = pipe.encode_prompt(
-            prompt=self._model_text(params.prompt),
-            prompt_2=None,
-            device=self.device,
-            max_sequence_length=self.max_sequence_length,
-        )
+        texts = self._texts(params)
+        (prompt_embeds, pooled_prompt_embeds, text_ids), *negative = self.prompt_cache.encode_many(texts)
         conditioning = FluxConditioning(prompt_embeds, pooled_prompt_embeds, float(params.guidance_scale))
-        if self._uses_true_cfg(params):
-            negative_embeds, negative_pooled, _ = pipe.encode_prompt(
-                prompt=self._model_text(params.negative_prompt),
-                prompt_2=None,
-                device=self.device,
-                max_sequence_length=self.max_sequence_length,
-            )
-            conditioning.negative_prompt_embeds = negative_embeds
-            conditioning.negative_pooled_prompt_embeds = negative_pooled
+        if negative:
+            conditioning.negative_prompt_embeds, conditioning.negative_pooled_prompt_embeds, _ = negative[0]
         state.conditioning = conditioning
 
         # The request's own generator: the same seed gives the same noise as FluxPipeline.

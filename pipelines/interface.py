@@ -9,6 +9,10 @@ One request's life, as the engine's runner sees it:
         x num_inference_steps
     post_decode(state) -> media            VAE decode + postprocess
 
+Optionally, a pipeline also offers `encode_prompts(params)` (`BatchedPromptEncoding`): the
+runner calls it once with every request joining a step, before their prepare_encode calls,
+so their prompts share one text-encoder call.
+
 A pipeline never decides who runs; the engine never looks inside a state's tensors.
 Requests share a forward only when their `batch_key` is equal.
 """
@@ -133,6 +137,16 @@ class StepPipeline(Protocol):
 
     def preview(self, state: RequestState) -> "Image.Image | None":
         """A cheap small RGB preview of the current prediction (no VAE decode), or None."""
+
+
+@runtime_checkable
+class BatchedPromptEncoding(Protocol):
+    """Optional part of the protocol, for pipelines that keep a prompt cache."""
+
+    def encode_prompts(self, params: Sequence[GenerationParams]) -> None:
+        """Encode the texts of these requests in one batched call, into the pipeline's cache,
+        so their prepare_encode calls find them. An optimisation only: when it raises, the
+        runner logs it and each prepare_encode encodes (and fails) on its own."""
 
 
 def resolve_defaults(params: GenerationParams, defaults: ModelDefaults) -> GenerationParams:

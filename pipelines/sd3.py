@@ -2,12 +2,14 @@
 
 Reads top to bottom like `StableDiffusion3Pipeline.__call__`, cut at the step boundaries:
 
-    prepare_encode   encode_prompt: two CLIPs + T5 joint text, and the negative prompt for CFG;
+    prepare_encode   encode_prompt: two CLIPs + T5 joint text, and the negative prompt for CFG,
+                     through the prompt cache (pipelines/prompt_cache.py);
                      the request's own generator -> prepare_latents; its own FlowMatchEuler
                      scheduler with the checkpoint's shift (and `mu` if it shifts dynamically)
     denoise_step     ONE joint-transformer forward for every row and every CFG negative row
     step_scheduler   the request's scheduler.step; remembers x0 for the preview
     post_decode      un-normalize, VAE decode, postprocess to PIL
+    encode_prompts   the texts of a step's joiners in one encode_prompt call (optional protocol)
 
 CFG is on when guidance_scale > 1 (SD3's rule); a missing negative prompt is "" as in
 diffusers. Rows carry their own timestep and guidance scale, and the text length is fixed
@@ -20,6 +22,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from diffusers import StableDiffusion3Pipeline
@@ -32,6 +35,7 @@ from pipelines.interface import Batch, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
 from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.params import GenerationParams
+from pipelines.prompt_cache import PromptEmbeddingCache
 from pipelines.validation import check_image_params, check_scheduler_name
 from pipelines.studio_config import StudioConfig, read_studio_config
 
@@ -94,6 +98,7 @@ class SD3StepPipeline:
             )
         # Pristine template: every request deep-copies it; nobody ever steps it.
         self._scheduler_template = copy.deepcopy(pipe.scheduler)
+        self.prompt_cache = PromptEmbeddingCache(self._encode_texts)
         self.attention_backend = select_attention_backend(self.transformer, device, self.transformer.dtype)
         self.preview_projection: LatentRgbProjection = projection_for(self.vae, self.studio, self.vae_scale_factor)
         default_size = pipe.default_sample_size * self.vae_scale_factor
@@ -137,6 +142,27 @@ class SD3StepPipeline:
     def _model_text(self, text: str) -> str:
         return text.lower() if self.studio.vocabulary else text
 
+    def _texts(self, params: GenerationParams) -> list[str]:
+        """The prompt, and for CFG the negative prompt ("" when none, as in diffusers)."""
+        texts = [self._model_text(params.prompt)]
+        if params.guidance_scale > 1.0:
+            texts.append(self._model_text(params.negative_prompt or ""))
+        return texts
+
+    @torch.no_grad()
+    def _encode_texts(self, texts: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """encode_prompt for several texts at once (each as a prompt: diffusers encodes a
+        negative prompt the same way), split back into one entry per text."""
+        prompt_embeds, _, pooled, _ = self.pipe.encode_prompt(
+            prompt=texts,
+            prompt_2=None,
+            prompt_3=None,
+            device=self.device,
+            do_classifier_free_guidance=False,
+            max_sequence_length=self.max_sequence_length,
+        )
+        return [(prompt_embeds[i : i + 1], pooled[i : i + 1]) for i in range(len(texts))]
+
     # ------------------------------------------------------------------ protocol
     def validate(self, params: GenerationParams) -> None:
         check_image_params(params, "SD3", self.size_multiple, SCHEDULERS)
@@ -145,27 +171,23 @@ class SD3StepPipeline:
         return SD3BatchKey(height=params.height, width=params.width, max_sequence_length=self.max_sequence_length)
 
     @torch.no_grad()
+    def encode_prompts(self, params: Sequence[GenerationParams]) -> None:
+        """The texts of requests joining the same step, through the text encoders in one call."""
+        self.prompt_cache.encode_many([text for p in params for text in self._texts(p)])
+
+    @torch.no_grad()
     def prepare_encode(self, state: RequestState) -> None:
         params = state.params
         pipe = self.pipe
         cfg = params.guidance_scale > 1.0
-        prompt = self._model_text(params.prompt)
-        negative = self._model_text(params.negative_prompt or "") if cfg else None
-        prompt_embeds, negative_embeds, pooled, negative_pooled = pipe.encode_prompt(
-            prompt=prompt,
-            prompt_2=None,
-            prompt_3=None,
-            device=self.device,
-            do_classifier_free_guidance=cfg,
-            negative_prompt=negative,
-            max_sequence_length=self.max_sequence_length,
-        )
+        (prompt_embeds, pooled), *negative = self.prompt_cache.encode_many(self._texts(params))
+        negative_embeds, negative_pooled = negative[0] if cfg else (None, None)
         state.conditioning = SD3Conditioning(
             prompt_embeds,
             pooled,
             float(params.guidance_scale),
-            negative_prompt_embeds=negative_embeds if cfg else None,
-            negative_pooled_prompt_embeds=negative_pooled if cfg else None,
+            negative_prompt_embeds=negative_embeds,
+            negative_pooled_prompt_embeds=negative_pooled,
         )
 
         # The request's own generator: the same seed gives the same noise as the stock pipeline.

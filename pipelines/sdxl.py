@@ -63,12 +63,9 @@ class StableDiffusionXLStepPipeline(StableDiffusionStepPipeline):
         return cls(pipe, Path(path).name, device, options.scheduler, read_studio_config(Path(path)))
 
     def _encode_conditioning(self, params: GenerationParams, cfg: bool) -> UNetConditioning:
-        prompt_embeds, negative_prompt_embeds, pooled, negative_pooled = self.pipe.encode_prompt(
-            prompt=params.prompt,
-            device=self.device,
-            num_images_per_prompt=1,
-            do_classifier_free_guidance=cfg,
-            negative_prompt=params.negative_prompt,
+        (prompt_embeds, pooled), *negative = self.prompt_cache.encode_many(self._texts(params))
+        negative_embeds, negative_pooled = (
+            negative[0] if negative else (torch.zeros_like(prompt_embeds), torch.zeros_like(pooled))
         )
         if self.pipe.text_encoder_2 is None:
             projection_dim = int(pooled.shape[-1])
@@ -80,7 +77,7 @@ class StableDiffusionXLStepPipeline(StableDiffusionStepPipeline):
         ).to(self.device)
         return UNetConditioning(
             prompt_embeds=prompt_embeds.to(self.device),
-            negative_prompt_embeds=negative_prompt_embeds.to(self.device) if cfg else None,
+            negative_prompt_embeds=negative_embeds.to(self.device) if cfg else None,
             guidance_scale=float(params.guidance_scale),
             timestep_cond=self._timestep_cond(params.guidance_scale, prompt_embeds.dtype),
             text_embeds=pooled.to(self.device),
@@ -88,6 +85,21 @@ class StableDiffusionXLStepPipeline(StableDiffusionStepPipeline):
             time_ids=time_ids,
             negative_time_ids=time_ids,  # __call__'s default when no negative sizes are given
         )
+
+    def _negative_text(self, params: GenerationParams) -> str | None:
+        # __call__ zeroes the unconditional embeddings instead when no negative prompt is
+        # given and the checkpoint asks for it (force_zeros_for_empty_prompt).
+        if params.negative_prompt is None and self.pipe.config.force_zeros_for_empty_prompt:
+            return None
+        return params.negative_prompt or ""
+
+    @torch.no_grad()
+    def _encode_texts(self, texts: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """encode_prompt (both text encoders) for several texts at once, one entry per text."""
+        prompt_embeds, _, pooled, _ = self.pipe.encode_prompt(
+            prompt=texts, device=self.device, num_images_per_prompt=1, do_classifier_free_guidance=False
+        )
+        return [(prompt_embeds[i : i + 1], pooled[i : i + 1]) for i in range(len(texts))]
 
     def _added_cond_kwargs(self, conds: list[UNetConditioning], cfg: bool) -> dict[str, torch.Tensor]:
         text_embeds = torch.cat([c.text_embeds for c in conds])

@@ -21,7 +21,7 @@ import functools
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from diffusers import (
@@ -41,6 +41,7 @@ from pipelines.interface import Batch, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
 from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.params import GenerationParams
+from pipelines.prompt_cache import PromptEmbeddingCache
 from pipelines.validation import check_image_params, check_scheduler_name
 from pipelines.studio_config import StudioConfig, read_studio_config
 
@@ -144,6 +145,7 @@ class StableDiffusionStepPipeline:
         self.default_scheduler = default_scheduler
         # Pristine templates: requests get deep copies, never these objects themselves.
         self._checkpoint_scheduler = copy.deepcopy(pipe.scheduler)
+        self.prompt_cache = PromptEmbeddingCache(self._encode_texts)
         self.attention_backend = select_attention_backend(self.unet, device, self.unet.dtype)
         self._scheduler_templates = {
             name: scheduler_class.from_config(pipe.scheduler.config, **overrides)
@@ -179,6 +181,11 @@ class StableDiffusionStepPipeline:
         return cls(pipe, Path(path).name, device, options.scheduler, read_studio_config(Path(path)))
 
     # ---------------------------------------------------------------- protocol
+    @torch.no_grad()
+    def encode_prompts(self, params: Sequence[GenerationParams]) -> None:
+        """The texts of requests joining the same step, through the text encoders in one call."""
+        self.prompt_cache.encode_many([text for p in params for text in self._texts(p)])
+
     def validate(self, params: GenerationParams) -> None:
         check_image_params(params, self.info.name, self.vae_scale_factor, tuple(NOISE_SCHEDULERS))
 
@@ -283,15 +290,30 @@ class StableDiffusionStepPipeline:
 
     # ---------------------------------------------------------------- model-specific pieces
     def _encode_conditioning(self, params: GenerationParams, cfg: bool) -> UNetConditioning:
-        prompt_embeds, negative_prompt_embeds = self.pipe.encode_prompt(
-            params.prompt, self.device, 1, cfg, params.negative_prompt
-        )
+        (prompt_embeds,), *negative = self.prompt_cache.encode_many(self._texts(params))
         return UNetConditioning(
             prompt_embeds=prompt_embeds,
-            negative_prompt_embeds=negative_prompt_embeds if cfg else None,
+            negative_prompt_embeds=negative[0][0] if cfg else None,
             guidance_scale=float(params.guidance_scale),
             timestep_cond=self._timestep_cond(params.guidance_scale, prompt_embeds.dtype),
         )
+
+    def _texts(self, params: GenerationParams) -> list[str]:
+        """The prompt, and with CFG the text of the unconditional row (if one is encoded)."""
+        negative = self._negative_text(params)
+        if self._uses_cfg(params.guidance_scale) and negative is not None:
+            return [params.prompt, negative]
+        return [params.prompt]
+
+    def _negative_text(self, params: GenerationParams) -> str | None:
+        return params.negative_prompt or ""  # __call__ encodes "" when there is no negative prompt
+
+    @torch.no_grad()
+    def _encode_texts(self, texts: list[str]) -> list[tuple[torch.Tensor, ...]]:
+        """encode_prompt for several texts at once (each as a prompt: diffusers encodes a
+        negative prompt the same way), split back into one entry per text."""
+        prompt_embeds, _ = self.pipe.encode_prompt(texts, self.device, 1, False)
+        return [(prompt_embeds[i : i + 1],) for i in range(len(texts))]
 
     def _added_cond_kwargs(self, conds: list[UNetConditioning], cfg: bool) -> dict[str, torch.Tensor] | None:
         return None

@@ -3,8 +3,9 @@
 It follows the step protocol with real tensors and a real diffusers noise scheduler, but
 its "model" is a closed-form function of each row's OWN latents, timestep and prompt
 embedding. So a request's result can't depend on its batch-mates: any leak between rows
-shows up as a changed image. It also records every forward, and can be told to fail:
-a prompt containing "[fail:<method>]" raises in that method, "[nan]" makes NaN latents.
+shows up as a changed image. It also records every forward and every text-encoder call
+(its prompts go through a real PromptEmbeddingCache), and can be told to fail: a prompt
+containing "[fail:<method>]" raises in that method, "[nan]" makes NaN latents.
 
 Use it from the command line with `python app.py --model toy`.
 """
@@ -15,7 +16,7 @@ import copy
 import hashlib
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ from PIL import Image
 
 from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.params import GenerationParams
+from pipelines.prompt_cache import PromptEmbeddingCache
 
 LATENT_CHANNELS = 4
 SCALE = 8  # pixels per latent cell
@@ -73,6 +75,8 @@ class ToyPipeline:
         self._scheduler_template = FlowMatchEulerDiscreteScheduler()
         self.forward_log: list[tuple[str, ...]] = []  # request ids of each forward, in row order
         self.encoded: list[str] = []
+        self.text_encoder_calls: list[tuple[str, ...]] = []  # the texts of each batched encoding
+        self.prompt_cache = PromptEmbeddingCache(self._encode_texts)
         self.decoded: list[str] = []
 
     # ---------------------------------------------------------------- protocol
@@ -87,10 +91,16 @@ class ToyPipeline:
     def batch_key(self, params: GenerationParams) -> ToyBatchKey:
         return ToyBatchKey(width=params.width, height=params.height)
 
+    def encode_prompts(self, params: Sequence[GenerationParams]) -> None:
+        for p in params:
+            if "[fail:encode_prompts]" in p.prompt:
+                raise RuntimeError("injected failure in encode_prompts for this prompt")
+        self.prompt_cache.encode_many([p.prompt for p in params])
+
     def prepare_encode(self, state: RequestState) -> None:
         _maybe_fail(state, "prepare_encode")
         params = state.params
-        state.conditioning = prompt_embedding(params.prompt)
+        state.conditioning = self.prompt_cache.encode(params.prompt)
         state.generator = torch.Generator().manual_seed(params.seed)
         shape = (LATENT_CHANNELS, params.height // SCALE, params.width // SCALE)
         state.latents = torch.randn(shape, generator=state.generator)
@@ -130,6 +140,10 @@ class ToyPipeline:
 
     def preview(self, state: RequestState) -> Image.Image:
         return self._to_image(state.latents, 1)
+
+    def _encode_texts(self, texts: list[str]) -> list[torch.Tensor]:
+        self.text_encoder_calls.append(tuple(texts))
+        return [prompt_embedding(text) for text in texts]
 
     @staticmethod
     def _to_image(latents: torch.Tensor, scale: int) -> Image.Image:

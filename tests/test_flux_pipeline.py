@@ -21,6 +21,7 @@ from pipelines.interface import StepPipeline
 from pipelines.latent_preview import fit_projection, projection_for
 from pipelines.loader import load_pipeline
 from pipelines.studio_config import StudioConfig
+from tests.pipeline_parity import run_joining_together
 from tests.protocol_driver import SubmitDuringForward, drive, max_abs_diff
 from tests.tiny_models import T5_LENGTH, build_tiny_flux
 
@@ -163,6 +164,21 @@ def test_engine_cobatches_mid_run_arrivals_and_matches_flux_pipeline(flux, refer
         expected = np.asarray(stock_output(reference, p, "pil")[0])
         # Batched and single forwards differ by float rounding (<= 1e-6): at most one uint8 level.
         assert max_abs_diff(pixels(final), expected) <= 1
+
+
+def test_requests_joining_one_step_share_one_text_encoding_and_match_flux_pipeline(flux, reference, monkeypatch):
+    requests = [
+        make_params("a red circle", seed=1, steps=3, guidance=3.0, negative="blurry"),  # true CFG
+        make_params("a blue square", seed=2, steps=4),
+        make_params("a red circle", seed=3, steps=3, guidance=2.0, negative="blurry"),
+    ]
+    results, calls = run_joining_together(flux, requests, monkeypatch)
+    assert calls == [["a red circle", "blurry", "a blue square"]]  # each distinct text once
+    for p, (_, image) in zip(requests, results):
+        assert max_abs_diff(image, np.asarray(stock_output(reference, p, "pil")[0])) <= 1
+    # A repeated text comes from the cache: no text encoding at all.
+    _, again = run_joining_together(flux, [make_params("a blue square", seed=4, steps=2)], monkeypatch, keep_cache=True)
+    assert again == []
 
 
 def test_true_cfg_with_negative_prompt_matches_flux_pipeline(flux, reference):

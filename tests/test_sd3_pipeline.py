@@ -13,6 +13,7 @@ from diffusers.utils import logging as diffusers_logging
 from engine import Completed, Engine, GenerationParams, Progress
 from pipelines.loader import load_pipeline
 from pipelines.sd3 import SD3BatchKey, SD3StepPipeline
+from tests.pipeline_parity import run_joining_together
 from tests.protocol_driver import SubmitDuringForward, drive, max_abs_diff
 from tests.tiny_models import T5_LENGTH, build_tiny_sd3
 
@@ -135,6 +136,18 @@ def test_engine_cobatches_mid_run_arrivals_and_matches_sd3_pipeline(sd3, referen
         assert max_abs_diff(np.asarray(final.images[0]), np.asarray(stock_output(reference, p, "pil")[0])) <= 1
     grid = SIZE // sd3.vae_scale_factor
     assert len(previews) == 3 and all(p.mode == "RGB" and p.size == (grid, grid) for p in previews)
+
+
+def test_requests_joining_one_step_share_one_text_encoding_and_match_sd3_pipeline(sd3, reference, monkeypatch):
+    requests = [
+        make_params("a red circle", seed=1, steps=3, guidance=4.0, negative="blurry"),
+        make_params("a blue square", seed=2, steps=4, guidance=3.0),  # CFG with "", as diffusers
+        make_params("a green triangle", seed=3, steps=3),  # no CFG
+    ]
+    results, calls = run_joining_together(sd3, requests, monkeypatch)
+    assert calls == [["a red circle", "blurry", "a blue square", "", "a green triangle"]]
+    for p, (_, image) in zip(requests, results):
+        assert max_abs_diff(image, np.asarray(stock_output(reference, p, "pil")[0])) <= 1
 
 
 def test_batch_key_is_the_image_size_only(sd3):

@@ -38,6 +38,10 @@ def test_serving_benchmark_smoke(tiny_flux, tmp_path, capsys):
     # Only stepstudio streams previews and frees a cancelled slot without decoding.
     assert summaries["step4"]["first_preview_p50_s"] > 0 and summaries["diffusers"]["first_preview_p50_s"] is None
     assert summaries["step4"]["cancel_latency_mean_s"] > 0
+    step4 = summaries["step4"]
+    assert 0 < step4["first_preview_after_admission_p50_s"] < step4["first_preview_p50_s"]
+    assert 1 <= step4["joined_batch_mean"] <= 4 and summaries["diffusers"]["joined_batch_mean"] is None
+    assert f"requests join forwards of {step4['joined_batch_mean']:.1f} rows on average" in printed
     assert summaries["step4"]["peak_batch"] >= 2 and summaries["diffusers"]["peak_batch"] == 1
     ratio = summaries["step4"]["throughput_rpm"] / summaries["diffusers"]["throughput_rpm"]
     assert f"| {ratio:.2f} |" in printed

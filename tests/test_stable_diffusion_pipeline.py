@@ -3,7 +3,8 @@
 Tiny random-weight checkpoints (tests/tiny_unet_models.py) are loaded twice from the same
 folder: through `pipelines.loader.load_pipeline` into our engine, and as the plain diffusers
 pipeline as the reference. Same seed and settings must give the same final latents (to float
-noise) and the same uint8 image, alone or co-batched with other requests.
+noise) and the same uint8 image; co-batched with other requests, the float noise may move a
+pixel by one uint8 level.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from engine import Engine, GenerationParams, Progress
 from pipelines.loader import LoadOptions, load_pipeline
 from pipelines.sdxl import StableDiffusionXLStepPipeline
 from pipelines.stable_diffusion import StableDiffusionStepPipeline
-from tests.pipeline_parity import Run, assert_same, finished
+from tests.pipeline_parity import Run, assert_same, finished, run_joining_together
 from tests.tiny_unet_models import build_tiny_sd, build_tiny_sdxl
 
 # The diffusers class each scheduler name must stand for (None: the checkpoint's own).
@@ -213,6 +214,18 @@ def test_co_batched_requests_match_each_run_alone(sd_pipeline, sd_reference):
         assert_same(ours, sd_reference(params), co_batched=True)
 
 
+def test_requests_joining_one_step_share_one_text_encoding(sd_pipeline, sd_reference, monkeypatch):
+    requests = [
+        sd_params(prompt="a red circle", seed=4, guidance_scale=6.0, negative_prompt="blurry", scheduler="euler"),
+        sd_params(prompt="a green square", seed=5, guidance_scale=6.0, scheduler="euler"),  # "" as __call__
+        sd_params(prompt="a red circle", seed=6, guidance_scale=6.0, negative_prompt="blurry", scheduler="euler"),
+    ]
+    results, calls = run_joining_together(sd_pipeline, requests, monkeypatch)
+    assert calls == [["a red circle", "blurry", "a green square", ""]]
+    for params, ours in zip(requests, results):
+        assert_same(ours, sd_reference(params), co_batched=True)
+
+
 # ------------------------------------------------------------------ SDXL
 @pytest.mark.parametrize(
     "scheduler, guidance_scale, negative_prompt",
@@ -234,4 +247,18 @@ def test_sdxl_co_batched_requests_match_each_run_alone(sdxl_pipeline, sdxl_refer
         results = [finished(run, handle) for handle in run.handles]
     assert run.forward_sizes[:2] == [1, 2], run.forward_sizes
     for params, ours in zip((first, second), results):
+        assert_same(ours, sdxl_reference(params), co_batched=True)
+
+
+def test_sdxl_requests_joining_one_step_share_one_text_encoding(sdxl_pipeline, sdxl_reference, monkeypatch):
+    assert sdxl_pipeline.pipe.config.force_zeros_for_empty_prompt
+    requests = [
+        sd_params(prompt="a red circle", seed=7, guidance_scale=5.0, negative_prompt="dark", scheduler="euler"),
+        # No negative prompt: __call__ zeroes the unconditional embeddings, nothing is encoded.
+        sd_params(prompt="a blue square", seed=8, guidance_scale=5.0, scheduler="euler"),
+        sd_params(prompt="two stars", seed=9, guidance_scale=5.0, negative_prompt="", scheduler="euler"),
+    ]
+    results, calls = run_joining_together(sdxl_pipeline, requests, monkeypatch)
+    assert calls == [["a red circle", "dark", "a blue square", "two stars", ""]]
+    for params, ours in zip(requests, results):
         assert_same(ours, sdxl_reference(params), co_batched=True)
