@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--compile", action="store_true",
                        help="torch.compile the transformer/UNet and warm it up at the model's default size "
                             "before serving (slower start, faster steps on GPU)")
+    model.add_argument("--prompt-cache", type=int, default=defaults.prompt_cache, metavar="N",
+                       help="prompt embeddings kept for reuse, e.g. the default negative prompt and re-rolled "
+                            "prompts (0 = off; a FLUX.1 T5 embedding is about 4 MB)")
     engine = parser.add_argument_group("engine")
     engine.add_argument("--mode", default=defaults.mode, choices=MODES,
                         help="'step': requests join a running batch at the next denoise step; "
@@ -73,7 +76,7 @@ def config_from_args(args: argparse.Namespace) -> StudioOptions:
         model=args.model, mode=args.mode, max_batch=args.max_batch, host=args.host, port=args.port,
         share=args.share, auth=parse_auth(args.auth), preview_every=args.preview_every, max_steps=args.max_steps,
         max_size=args.max_size, max_per_session=args.max_per_session, show_prompts=args.show_prompts,
-        device=args.device, dtype=args.dtype, compile=args.compile,
+        device=args.device, dtype=args.dtype, compile=args.compile, prompt_cache=args.prompt_cache,
     )
 
 
@@ -86,7 +89,9 @@ def load_model(config: StudioOptions):
             "Run `python app.py --model toy` for the weightless test model, or pass --model FOLDER."
         )
     return load_pipeline(
-        config.model, LoadOptions(device=config.device, dtype=config.dtype, compile_denoiser=config.compile)
+        config.model,
+        LoadOptions(device=config.device, dtype=config.dtype, compile_denoiser=config.compile,
+                    prompt_cache_size=config.prompt_cache),
     )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.interface import StepPipeline
+from pipelines.prompt_cache import DEFAULT_CAPACITY
 
 # diffusers pipeline class -> "module:class" of our step pipeline for that family.
 FAMILIES: dict[str, str] = {
@@ -33,6 +34,8 @@ class LoadOptions:
     # torch.compile the denoiser (transformer or UNet). Off by default: the first forward of
     # each new batch size compiles (seconds for tiny models, minutes for 12B ones).
     compile_denoiser: bool = False
+    # Prompt embeddings kept for reuse (pipelines/prompt_cache.py); 0 turns the cache off.
+    prompt_cache_size: int = DEFAULT_CAPACITY
 
 
 def resolve_device_dtype(options: LoadOptions):
@@ -92,19 +95,25 @@ def family_class(class_name: str):
 def load_pipeline(model: str | None = None, options: LoadOptions | None = None) -> StepPipeline:
     """`model`: None or "builtin" (the shipped shapes model), "toy", a local folder, or a hub id."""
     options = options or LoadOptions()
+    if options.prompt_cache_size < 0:
+        raise ValueError(f"prompt_cache_size={options.prompt_cache_size} must be 0 (no cache) or more.")
     if model == "toy":
         from pipelines.toy import ToyPipeline
 
-        return ToyPipeline()
-    if model in (None, "builtin"):
-        model = str(BUILTIN_MODEL_DIR)
-    path = Path(model).expanduser()
-    if not path.exists():
-        path = _download(model)
-    class_name = read_model_index(path).get("_class_name")
-    pipeline = family_class(class_name).from_pretrained(path, options)
-    if options.compile_denoiser:
-        compile_denoiser(pipeline)
+        pipeline = ToyPipeline()
+    else:
+        if model in (None, "builtin"):
+            model = str(BUILTIN_MODEL_DIR)
+        path = Path(model).expanduser()
+        if not path.exists():
+            path = _download(model)
+        class_name = read_model_index(path).get("_class_name")
+        pipeline = family_class(class_name).from_pretrained(path, options)
+        if options.compile_denoiser:
+            compile_denoiser(pipeline)
+    prompt_cache = getattr(pipeline, "prompt_cache", None)  # Qwen-Image has none
+    if prompt_cache is not None:
+        prompt_cache.resize(options.prompt_cache_size)
     return pipeline
 
 

@@ -69,6 +69,15 @@ class PromptEmbeddingCache:
     def encode(self, text: str) -> Any:
         return self.encode_many([text])[0]
 
+    def resize(self, capacity: int) -> None:
+        """Keep at most `capacity` texts from now on (0: keep none), evicting the oldest."""
+        if capacity < 0:
+            raise ValueError(f"capacity={capacity} must be 0 (no cache) or more.")
+        with self._lock:
+            self.capacity = capacity
+            while len(self._entries) > capacity:
+                self._entries.popitem(last=False)
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()

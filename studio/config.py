@@ -37,6 +37,7 @@ class StudioOptions:
     device: str | None = None
     dtype: str | None = None
     compile: bool = False  # torch.compile the denoiser, then warm up at the model's default size
+    prompt_cache: int = 32  # prompt embeddings kept for reuse (0 = off)
     queue_refresh_s: float = 0.5  # how often the queue and graph views refresh
 
     def __post_init__(self) -> None:
@@ -48,6 +49,8 @@ class StudioOptions:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
         if isinstance(self.preview_every, bool) or not isinstance(self.preview_every, int) or self.preview_every < 0:
             raise ValueError(f"preview_every must be an integer >= 0 (0 = no previews), got {self.preview_every!r}.")
+        if isinstance(self.prompt_cache, bool) or not isinstance(self.prompt_cache, int) or self.prompt_cache < 0:
+            raise ValueError(f"prompt_cache must be an integer >= 0 (0 = no cache), got {self.prompt_cache!r}.")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port={self.port} is out of range: allowed is 0..65535.")
         if not self.queue_refresh_s > 0:

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from engine import Engine
+from engine import Engine, GenerationParams
 from engine.warmup import warm_up
 from pipelines.loader import LoadOptions, compile_denoiser, load_pipeline, resolve_device_dtype
 from pipelines.toy import ToyPipeline
@@ -81,3 +81,17 @@ def test_a_compiled_denoiser_gives_the_same_image(tmp_path):
             engine.close()
         images.append(np.asarray(final.images[0], np.int16))
     assert np.abs(images[0] - images[1]).max() <= 1
+
+
+def test_the_prompt_cache_size_is_a_load_option():
+    assert load_pipeline("toy").prompt_cache.capacity == LoadOptions().prompt_cache_size == 32
+    pipeline = load_pipeline("toy", LoadOptions(prompt_cache_size=0))
+    engine = Engine(pipeline).start()
+    try:
+        for seed in (1, 2):
+            engine.submit(GenerationParams(prompt="a red circle", num_inference_steps=2, seed=seed)).result(30)
+    finally:
+        engine.close()
+    assert pipeline.text_encoder_calls == [("a red circle",), ("a red circle",)]  # nothing kept
+    with pytest.raises(ValueError, match="prompt_cache_size=-1 must be 0"):
+        load_pipeline("toy", LoadOptions(prompt_cache_size=-1))

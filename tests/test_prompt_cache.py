@@ -65,3 +65,18 @@ def test_an_encoder_returning_the_wrong_number_of_entries_is_an_error():
 def test_negative_capacity_is_refused():
     with pytest.raises(ValueError, match="capacity=-1"):
         PromptEmbeddingCache(CountingEncoder(), capacity=-1)
+
+
+def test_resize_keeps_the_most_recently_used_texts():
+    encoder = CountingEncoder()
+    cache = PromptEmbeddingCache(encoder, capacity=4)
+    cache.encode_many(["a", "b", "c"])
+    cache.encode("a")  # order of use: b, c, a
+    cache.resize(2)
+    assert (cache.capacity, len(cache)) == (2, 2)
+    cache.encode_many(["c", "a"])
+    assert encoder.calls == [["a", "b", "c"]]
+    cache.encode("b")
+    assert encoder.calls[-1] == ["b"]
+    with pytest.raises(ValueError, match="capacity=-3"):
+        cache.resize(-3)
