@@ -6,7 +6,8 @@ loop is ours. `__call__` runs the negative prompt as a second transformer forwar
 negative rows join the same forward as the positive ones, for every request in the batch.
 Prompts have different token counts, so text rows are zero-padded to the longest and
 masked (`encoder_hidden_states_mask`): the transformer attends to real tokens only, and
-text positions (RoPE) don't move with padding.
+text positions (RoPE) don't move with padding. Prompt embeddings go through the prompt
+cache (pipelines/prompt_cache.py); the joiners of a step share one encode_prompt call.
 
 Semantics follow `__call__`: `guidance_scale` is its `true_cfg_scale`, and CFG runs only
 when guidance_scale > 1 AND a negative prompt is given (the default negative prompt is " ",
@@ -20,6 +21,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -33,6 +35,7 @@ from pipelines.interface import Batch, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection
 from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.params import GenerationParams
+from pipelines.prompt_cache import PromptEmbeddingCache
 from pipelines.validation import check_image_params, check_scheduler_name
 from pipelines.studio_config import StudioConfig, read_studio_config
 
@@ -104,6 +107,7 @@ class QwenImageStepPipeline:
         # Latents are packed in 2x2 patches: image sides must divide by twice the VAE factor.
         self.size_multiple = pipe.vae_scale_factor * 2
         self._scheduler_template = copy.deepcopy(pipe.scheduler)  # pristine: requests get copies
+        self.prompt_cache = PromptEmbeddingCache(self._encode_texts)
         self.attention_backend = select_attention_backend(self.transformer, device, self.transformer.dtype)
         studio = studio or StudioConfig()
         self.preview_projection = self._preview_projection(studio)
@@ -131,6 +135,11 @@ class QwenImageStepPipeline:
         return cls(pipe, Path(path).name, device, read_studio_config(Path(path)))
 
     # ---------------------------------------------------------------- protocol
+    @torch.no_grad()
+    def encode_prompts(self, params: Sequence[GenerationParams]) -> None:
+        """The texts of requests joining the same step, through the text encoder in one call."""
+        self.prompt_cache.encode_many([text for p in params for text in self._texts(p)])
+
     def validate(self, params: GenerationParams) -> None:
         check_image_params(params, self.info.name, self.size_multiple, (SCHEDULER_NAME,))
 
@@ -141,14 +150,8 @@ class QwenImageStepPipeline:
     def prepare_encode(self, state: RequestState) -> None:
         params = state.params
         cfg = self._uses_cfg(params)
-        prompt_embeds, _ = self.pipe.encode_prompt(
-            prompt=params.prompt, device=self.device, max_sequence_length=MAX_SEQUENCE_LENGTH
-        )
-        negative_prompt_embeds = None
-        if cfg:
-            negative_prompt_embeds, _ = self.pipe.encode_prompt(
-                prompt=params.negative_prompt, device=self.device, max_sequence_length=MAX_SEQUENCE_LENGTH
-            )
+        prompt_embeds, *negative = self.prompt_cache.encode_many(self._texts(params))
+        negative_prompt_embeds = negative[0] if cfg else None
         state.conditioning = QwenImageConditioning(prompt_embeds, negative_prompt_embeds, float(params.guidance_scale))
 
         state.generator = torch.Generator(device=self.device).manual_seed(params.seed)
@@ -179,6 +182,19 @@ class QwenImageStepPipeline:
         state.noise_scheduler = scheduler
         state.step_index = 0
         state.extra = QwenImageRequestExtra()
+
+    def _texts(self, params: GenerationParams) -> list[str]:
+        return [params.prompt, params.negative_prompt] if self._uses_cfg(params) else [params.prompt]
+
+    @torch.no_grad()
+    def _encode_texts(self, texts: list[str]) -> list[torch.Tensor]:
+        """encode_prompt for several texts at once. It pads every row to the longest with
+        zeros after the real tokens; each text gets back its own length ([1, tokens, dim])."""
+        prompt_embeds, mask = self.pipe.encode_prompt(
+            prompt=texts, device=self.device, max_sequence_length=MAX_SEQUENCE_LENGTH
+        )
+        lengths = [prompt_embeds.shape[1]] * len(texts) if mask is None else mask.sum(dim=1).tolist()
+        return [prompt_embeds[i : i + 1, : int(length)] for i, length in enumerate(lengths)]
 
     @torch.no_grad()
     def denoise_step(self, batch: Batch) -> list[torch.Tensor]:

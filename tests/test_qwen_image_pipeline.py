@@ -16,7 +16,7 @@ from diffusers import QwenImagePipeline
 from engine import Engine, GenerationParams, Progress
 from pipelines.loader import load_pipeline
 from pipelines.qwen_image import QwenImageStepPipeline
-from tests.pipeline_parity import Run, assert_same, finished
+from tests.pipeline_parity import Run, assert_same, finished, run_joining_together
 from tests.tiny_qwen_image_model import build_tiny_qwen_image
 
 
@@ -119,4 +119,18 @@ def test_co_batched_requests_match_each_run_alone(qwen_pipeline, qwen_reference)
         results = [finished(run, handle) for handle in run.handles]
     assert run.forward_sizes[:4] == [1, 1, 2, 3], run.forward_sizes
     for params, ours in zip((first, second, third), results):
+        assert_same(ours, qwen_reference(params), co_batched=True)
+
+
+def test_requests_joining_one_step_share_one_text_encoding(qwen_pipeline, qwen_reference, monkeypatch):
+    # Texts of different token counts: the batched encoding pads them; each keeps its own length.
+    requests = [
+        qwen_params(prompt="a red circle", seed=4, guidance_scale=4.0, negative_prompt=" "),
+        qwen_params(prompt="two small green birds on a branch", seed=5, guidance_scale=3.0, negative_prompt=" "),
+    ]
+    results, calls = run_joining_together(qwen_pipeline, requests, monkeypatch)
+    assert calls == [["a red circle", " ", "two small green birds on a branch"]]
+    lengths = [qwen_pipeline.prompt_cache.encode(text).shape[1] for text in calls[0]]
+    assert len(set(lengths)) == 3  # three different token counts came out of one padded call
+    for params, ours in zip(requests, results):
         assert_same(ours, qwen_reference(params), co_batched=True)
