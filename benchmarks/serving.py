@@ -9,7 +9,8 @@ request mode, max batch 8), `stepN` (stepstudio step mode with max batch N), `ht
 mode with max batch N behind the OpenAI-compatible HTTP API: the serving layer's cost;
 no cancels are sent there, since an HTTP client can't see steps). Each system
 runs in its own subprocess (so peak memory is its own) on the same seeded workload.
-A `ceiling` run times the bare batched denoiser forward to show how much batching can give.
+A `ceiling` run, before and after the systems, times the bare batched denoiser forward to
+show how much batching can give.
 
 Writes a JSON file with every record and prints a markdown table, ratios against the
 diffusers baseline, the targets, and a per-request timeline ("." waiting, "#" computing).
@@ -220,6 +221,31 @@ def _fmt(value, digits=3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def median_round(rounds: list[dict]) -> tuple[dict, dict]:
+    """A system's round with the median throughput (the lower middle one for an even count;
+    every metric then comes from one real run) and its summary, which also lists the
+    throughput of every round."""
+    summaries = [summarize(r) for r in rounds]
+    order = sorted(range(len(rounds)), key=lambda i: summaries[i]["throughput_rpm"])
+    chosen = order[(len(order) - 1) // 2]
+    summary = summaries[chosen]
+    summary["throughput_rounds_rpm"] = [s["throughput_rpm"] for s in summaries]
+    return rounds[chosen], summary
+
+
+def average_timings(timings: list[dict]) -> dict:
+    """The mean of several `measure_denoiser` results; each one is kept under "timings"."""
+    batch_sizes = [int(b) for b in timings[0]["per_image_step_s"]]
+    return {
+        "per_image_step_s": {
+            b: statistics.fmean(t["per_image_step_s"][str(b)] for t in timings) for b in batch_sizes
+        },
+        "encode_s": statistics.fmean(t["encode_s"] for t in timings),
+        "decode_s": statistics.fmean(t["decode_s"] for t in timings),
+        "timings": timings,
+    }
+
+
 def report(summaries: list[dict], ceiling: dict | None, workload: Workload) -> str:
     base = next((s for s in summaries if s["system"] == "diffusers"), None)
     rows = [
@@ -237,6 +263,10 @@ def report(summaries: list[dict], ceiling: dict | None, workload: Workload) -> s
             f"| {s['peak_batch'] or '-'} | {_fmt(s['peak_rss_mb'], 0)} |"
         )
     lines = ["\n".join(rows)]
+    if any(len(s.get("throughput_rounds_rpm", ())) > 1 for s in summaries):
+        lines.append("\nThroughput of every round, req/min (the table shows each system's median round): "
+                     + "; ".join(f"{s['system']} " + ", ".join(f"{t:.0f}" for t in s["throughput_rounds_rpm"])
+                                 for s in summaries) + ".")
     if ceiling:
         per = ceiling["per_image_step_s"]
         lines.append(
@@ -244,6 +274,11 @@ def report(summaries: list[dict], ceiling: dict | None, workload: Workload) -> s
             + ", ".join(f"batch {b}: {1000 * t:.2f} ms" for b, t in sorted(per.items(), key=lambda kv: int(kv[0])))
             + f"; encode {1000 * ceiling['encode_s']:.1f} ms, decode {1000 * ceiling['decode_s']:.1f} ms per request."
         )
+        if len(ceiling.get("timings", ())) > 1:
+            largest = str(max(int(b) for b in per))
+            each = " and ".join(f"{1000 * t['per_image_step_s'][largest]:.2f}" for t in ceiling["timings"])
+            lines.append(f"(The mean of two timings, before and after the systems: {each} ms per image-step "
+                         f"at batch {largest}.)")
         if "ceiling_rpm" in ceiling:
             lines.append(f"Ceiling throughput at full batches of {ceiling['ceiling_batch']}: {ceiling['ceiling_rpm']:.1f} req/min.")
     return "\n".join(lines)
@@ -314,6 +349,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--guidance-scale", type=float, default=None,
                         help="override the model's default guidance (1 = no CFG; default: the model's, e.g. true CFG)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads in each system's process")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every system this many times, in rotating order, and report each one's "
+                             "median-throughput round (this machine's speed drifts between runs)")
     parser.add_argument("--no-ceiling", action="store_true", help="skip timing the bare batched denoiser")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "serving.json"))
     # internal: run one system in this process
@@ -337,6 +375,8 @@ def main(argv: list[str] | None = None) -> dict:
         Path(args.out).write_text(json.dumps(result))
         return result
 
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}.")
     workload = make_workload(
         args.workload, args.requests, args.users, args.rate, tuple(args.steps_mix), tuple(args.sizes),
         args.cancel_fraction, args.seed, args.arrivals, args.guidance_scale,
@@ -345,17 +385,30 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         workload_file = Path(tmp) / "workload.json"
         workload_file.write_text(workload.to_json())
-        for system in args.systems:
-            print(f"running {system} ...", file=sys.stderr, flush=True)
-            result = _child(system, args, workload_file, Path(tmp) / f"{system}.json")
-            results.append(result)
-            summaries.append(summarize(result))
-        ceiling = None
+        # The bare denoiser is timed before and after the systems, and the two are averaged:
+        # this machine's speed drifts over minutes, and the ratio to the ceiling is only as
+        # good as the ceiling's timing.
+        timings = []
         if not args.no_ceiling:
             print("timing the bare denoiser ...", file=sys.stderr, flush=True)
-            ceiling = _child("ceiling", args, workload_file, Path(tmp) / "ceiling.json")
-            per = {int(b): t for b, t in ceiling["per_image_step_s"].items()}
-            ceiling["per_image_step_s"] = per
+            timings.append(_child("ceiling", args, workload_file, Path(tmp) / "ceiling-before.json"))
+        runs: dict[str, list[dict]] = {system: [] for system in args.systems}
+        for round_index in range(args.rounds):
+            # Each round starts at another system, so no system always runs in the same slot.
+            shift = round_index % len(args.systems)
+            for system in args.systems[shift:] + args.systems[:shift]:
+                print(f"running {system} (round {round_index + 1} of {args.rounds}) ...", file=sys.stderr, flush=True)
+                runs[system].append(_child(system, args, workload_file, Path(tmp) / f"{system}-{round_index}.json"))
+        for system in args.systems:
+            result, summary = median_round(runs[system])
+            results.append(result)
+            summaries.append(summary)
+        ceiling = None
+        if timings:
+            print("timing the bare denoiser again ...", file=sys.stderr, flush=True)
+            timings.append(_child("ceiling", args, workload_file, Path(tmp) / "ceiling-after.json"))
+            ceiling = average_timings(timings)
+            per = ceiling["per_image_step_s"]
             batch = max(per)
             # Every request is encoded and runs its steps (a cancelled one up to its cancel);
             # only the completed ones are decoded and counted, as in the systems' runs.
@@ -381,7 +434,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(timeline(result))
         print()
     everything = {"args": {k: v for k, v in vars(args).items() if k not in ("run_system", "workload_file")},
-                  "machine": machine, "summaries": summaries, "ceiling": ceiling, "results": results}
+                  "machine": machine, "summaries": summaries, "ceiling": ceiling, "results": results,
+                  "all_rounds": runs if args.rounds > 1 else None}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(everything, indent=1))

@@ -19,7 +19,8 @@ def test_serving_benchmark_smoke(tiny_flux, tmp_path, capsys):
     out = tmp_path / "serving.json"
     result = serving.main([
         "--model", str(tiny_flux), "--systems", "diffusers", "step4", "--requests", "6", "--users", "3",
-        "--steps-mix", "3", "5", "--sizes", "32", "--cancel-fraction", "0.3", "--seed", "3", "--out", str(out),
+        "--steps-mix", "3", "5", "--sizes", "32", "--cancel-fraction", "0.3", "--seed", "3", "--rounds", "2",
+        "--out", str(out),
     ])
     printed = capsys.readouterr().out
     summaries = {s["system"]: s for s in result["summaries"]}
@@ -33,6 +34,12 @@ def test_serving_benchmark_smoke(tiny_flux, tmp_path, capsys):
         for key in ("latency_mean_s", "latency_p50_s", "latency_p99_s", "queue_delay_mean_s", "admission_p50_s",
                     "mean_batch", "peak_batch", "solo_step_s", "solo_latency_s", "peak_rss_mb"):
             assert s[key] is not None and s[key] > 0, (name, key)
+    # Two rounds of each system; the table shows the median round (the slower one of two).
+    for name, s in summaries.items():
+        rounds = s["throughput_rounds_rpm"]
+        assert len(rounds) == 2 and len(result["all_rounds"][name]) == 2
+        assert s["throughput_rpm"] == min(rounds)
+    assert "Throughput of every round, req/min" in printed
     # The same seeded workload (seed 3 cancels two of the six) went to both systems.
     assert summaries["diffusers"]["aborted"] == summaries["step4"]["aborted"] > 0
     # Only stepstudio streams previews and frees a cancelled slot without decoding.
@@ -47,4 +54,8 @@ def test_serving_benchmark_smoke(tiny_flux, tmp_path, capsys):
     assert f"| {ratio:.2f} |" in printed
     ceiling = result["ceiling"]
     assert set(ceiling["per_image_step_s"]) == {1, 8} and ceiling["ceiling_rpm"] > 0
+    # Timed before and after the systems; the ceiling uses their mean.
+    before, after = ceiling["timings"]
+    assert ceiling["per_image_step_s"][8] == pytest.approx((before["per_image_step_s"]["8"] + after["per_image_step_s"]["8"]) / 2)
+    assert "The mean of two timings, before and after the systems" in printed
     assert "req   0" in printed and out.exists()
