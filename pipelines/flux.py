@@ -43,7 +43,7 @@ from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
 from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.params import GenerationParams
-from pipelines.prompt_cache import PromptEmbeddingCache
+from pipelines.prompt_cache import PromptEmbeddingCache, split_rows
 from pipelines.validation import check_image_params, check_scheduler_name
 from pipelines.studio_config import StudioConfig, read_studio_config
 
@@ -208,7 +208,8 @@ class FluxStepPipeline:
         prompt_embeds, pooled, text_ids = self.pipe.encode_prompt(
             prompt=texts, prompt_2=None, device=self.device, max_sequence_length=self.max_sequence_length
         )
-        return [(prompt_embeds[i : i + 1], pooled[i : i + 1], text_ids) for i in range(len(texts))]
+        rows = split_rows(len(texts), prompt_embeds, pooled)
+        return [(embeds, pooled_row, text_ids) for embeds, pooled_row in rows]  # text_ids: zeros, shared
 
     # ------------------------------------------------------------------ protocol
     def validate(self, params: GenerationParams) -> None:

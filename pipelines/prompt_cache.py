@@ -23,6 +23,13 @@ DEFAULT_CAPACITY = 32  # texts; a FLUX.1 T5 embedding is ~4 MB in bf16, so ~130 
 EncodeBatch = Callable[[list[str]], list[Any]]  # texts -> one entry per text, in order
 
 
+def split_rows(count: int, *batched) -> list[tuple]:
+    """One entry per text from batched encoder outputs ([count, ...] tensors): row i of each,
+    as its own copy. A view would keep the whole batch's memory alive as long as any one of
+    its texts stays cached."""
+    return [tuple(tensor[i : i + 1].clone() for tensor in batched) for i in range(count)]
+
+
 class PromptEmbeddingCache:
     """Text -> its embeddings, least recently used evicted first.
 

@@ -194,7 +194,8 @@ class QwenImageStepPipeline:
             prompt=texts, device=self.device, max_sequence_length=MAX_SEQUENCE_LENGTH
         )
         lengths = [prompt_embeds.shape[1]] * len(texts) if mask is None else mask.sum(dim=1).tolist()
-        return [prompt_embeds[i : i + 1, : int(length)] for i, length in enumerate(lengths)]
+        # Each row is copied: a view would keep the whole batch alive while it is cached.
+        return [prompt_embeds[i : i + 1, : int(length)].clone() for i, length in enumerate(lengths)]
 
     @torch.no_grad()
     def denoise_step(self, batch: Batch) -> list[torch.Tensor]:

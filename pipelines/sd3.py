@@ -35,7 +35,7 @@ from pipelines.interface import Batch, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
 from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.params import GenerationParams
-from pipelines.prompt_cache import PromptEmbeddingCache
+from pipelines.prompt_cache import PromptEmbeddingCache, split_rows
 from pipelines.validation import check_image_params, check_scheduler_name
 from pipelines.studio_config import StudioConfig, read_studio_config
 
@@ -161,7 +161,7 @@ class SD3StepPipeline:
             do_classifier_free_guidance=False,
             max_sequence_length=self.max_sequence_length,
         )
-        return [(prompt_embeds[i : i + 1], pooled[i : i + 1]) for i in range(len(texts))]
+        return split_rows(len(texts), prompt_embeds, pooled)
 
     # ------------------------------------------------------------------ protocol
     def validate(self, params: GenerationParams) -> None:

@@ -21,6 +21,7 @@ from PIL import Image
 from pipelines.interface import RequestState
 from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.params import GenerationParams
+from pipelines.prompt_cache import split_rows
 from pipelines.stable_diffusion import StableDiffusionStepPipeline, UNetConditioning
 from pipelines.studio_config import StudioConfig, read_studio_config
 
@@ -99,7 +100,7 @@ class StableDiffusionXLStepPipeline(StableDiffusionStepPipeline):
         prompt_embeds, _, pooled, _ = self.pipe.encode_prompt(
             prompt=texts, device=self.device, num_images_per_prompt=1, do_classifier_free_guidance=False
         )
-        return [(prompt_embeds[i : i + 1], pooled[i : i + 1]) for i in range(len(texts))]
+        return split_rows(len(texts), prompt_embeds, pooled)
 
     def _added_cond_kwargs(self, conds: list[UNetConditioning], cfg: bool) -> dict[str, torch.Tensor]:
         text_embeds = torch.cat([c.text_embeds for c in conds])

@@ -41,7 +41,7 @@ from pipelines.interface import Batch, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
 from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.params import GenerationParams
-from pipelines.prompt_cache import PromptEmbeddingCache
+from pipelines.prompt_cache import PromptEmbeddingCache, split_rows
 from pipelines.validation import check_image_params, check_scheduler_name
 from pipelines.studio_config import StudioConfig, read_studio_config
 
@@ -313,7 +313,7 @@ class StableDiffusionStepPipeline:
         """encode_prompt for several texts at once (each as a prompt: diffusers encodes a
         negative prompt the same way), split back into one entry per text."""
         prompt_embeds, _ = self.pipe.encode_prompt(texts, self.device, 1, False)
-        return [(prompt_embeds[i : i + 1],) for i in range(len(texts))]
+        return split_rows(len(texts), prompt_embeds)
 
     def _added_cond_kwargs(self, conds: list[UNetConditioning], cfg: bool) -> dict[str, torch.Tensor] | None:
         return None

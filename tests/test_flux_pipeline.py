@@ -174,6 +174,12 @@ def test_requests_joining_one_step_share_one_text_encoding_and_match_flux_pipeli
     ]
     results, calls = run_joining_together(flux, requests, monkeypatch)
     assert calls == [["a red circle", "blurry", "a blue square"]]  # each distinct text once
+    # Each cached entry owns its memory (one text's rows), not a view into the batch.
+    for text in calls[0]:
+        embeds, pooled, _ = flux.prompt_cache.encode(text)
+        for tensor in (embeds, pooled):
+            assert tensor.shape[0] == 1
+            assert tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
     for p, (_, image) in zip(requests, results):
         assert max_abs_diff(image, np.asarray(stock_output(reference, p, "pil")[0])) <= 1
     # A repeated text comes from the cache: no text encoding at all.

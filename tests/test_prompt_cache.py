@@ -80,3 +80,17 @@ def test_resize_keeps_the_most_recently_used_texts():
     assert encoder.calls[-1] == ["b"]
     with pytest.raises(ValueError, match="capacity=-3"):
         cache.resize(-3)
+
+
+def test_split_rows_copies_each_row_out_of_the_batch():
+    import torch
+
+    from pipelines.prompt_cache import split_rows
+
+    embeds, pooled = torch.arange(24.0).reshape(3, 4, 2), torch.arange(6.0).reshape(3, 2)
+    rows = split_rows(3, embeds, pooled)
+    assert len(rows) == 3 and all(len(row) == 2 for row in rows)
+    assert torch.equal(rows[1][0], embeds[1:2]) and torch.equal(rows[2][1], pooled[2:3])
+    assert rows[1][0].untyped_storage().nbytes() == 8 * 4  # one row of 4x2 float32, not the batch
+    embeds[1] = -1.0
+    assert rows[1][0].min() >= 0  # a copy: later writes to the batch don't reach it
