@@ -111,7 +111,7 @@ def load_pipeline(model: str | None = None, options: LoadOptions | None = None) 
         pipeline = family_class(class_name).from_pretrained(path, options)
         if options.compile_denoiser:
             compile_denoiser(pipeline)
-    prompt_cache = getattr(pipeline, "prompt_cache", None)  # Qwen-Image has none
+    prompt_cache = getattr(pipeline, "prompt_cache", None)  # a pipeline of one's own may have none
     if prompt_cache is not None:
         prompt_cache.resize(options.prompt_cache_size)
     return pipeline

@@ -42,7 +42,7 @@ class PromptEmbeddingCache:
         self._encode_batch = encode_batch
         self.capacity = capacity
         self._entries: OrderedDict[str, Any] = OrderedDict()
-        # The engine thread is the only writer; the lock keeps `stats` readers consistent.
+        # The engine thread is the only writer; the lock keeps other threads' reads consistent.
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0

@@ -65,9 +65,11 @@ class StableDiffusionXLStepPipeline(StableDiffusionStepPipeline):
 
     def _encode_conditioning(self, params: GenerationParams, cfg: bool) -> UNetConditioning:
         (prompt_embeds, pooled), *negative = self.prompt_cache.encode_many(self._texts(params))
-        negative_embeds, negative_pooled = (
-            negative[0] if negative else (torch.zeros_like(prompt_embeds), torch.zeros_like(pooled))
-        )
+        negative_embeds = negative_pooled = None
+        if cfg:  # no negative text encoded means zeroed unconditional embeddings (see _negative_text)
+            negative_embeds, negative_pooled = (
+                negative[0] if negative else (torch.zeros_like(prompt_embeds), torch.zeros_like(pooled))
+            )
         if self.pipe.text_encoder_2 is None:
             projection_dim = int(pooled.shape[-1])
         else:
