@@ -74,6 +74,7 @@ class Engine:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._stopping = False  # a stop command was applied: the loop ends (engine thread only)
         self._arrivals = itertools.count()
         # Written by callers under the lock (admission control, cancel ownership).
         self._lock = threading.Lock()
@@ -199,6 +200,8 @@ class Engine:
         try:
             while self._handle_commands(block=not self._scheduler.has_work):
                 self.step()
+                if self._stopping:  # the stop came in during the step
+                    break
         except Exception:  # pragma: no cover - a bug in the engine itself
             log.exception("the engine thread crashed; ending every request")
             self._scheduler.abort_all("the engine stopped after an internal error")
@@ -216,7 +219,9 @@ class Engine:
         while True:
             if isinstance(command, _Stop):
                 self._scheduler.abort_all(command.reason)
+                self._runner.free(self._scheduler.take_freed())
                 self._drain_submissions(command.reason)
+                self._stopping = True
                 return False
             if isinstance(command, _Submit):
                 self._scheduler.add(command.request)
@@ -255,6 +260,10 @@ class Engine:
         self._scheduler.update(output)
         deliver_pending()  # this step's progress and previews go out before the decodes run
         self._observe_first_previews(output, scheduled)
+        # Commands that came in during the forward take effect before the decodes: a cancel
+        # waits for one forward, never for other requests' VAE decodes as well (and a request
+        # cancelled during its last forward is not decoded at all).
+        self._handle_commands(block=False)
         decoded = self._runner.decode_denoised()
         if decoded.rows:
             self._scheduler.update(decoded)

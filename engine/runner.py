@@ -88,6 +88,8 @@ class ModelRunner:
         before the (comparatively slow) decodes run."""
         results = []
         for state in self._denoised:
+            if state.request_id not in self.states:  # cancelled after its last step: no image wanted
+                continue
             started = time.perf_counter()
             try:
                 images = self.pipeline.post_decode(state)

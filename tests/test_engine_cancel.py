@@ -76,3 +76,45 @@ def test_admin_may_cancel_any_request():
 def test_request_status_order_and_finished_test():
     assert RequestStatus.WAITING < RequestStatus.RUNNING < RequestStatus.FINISHED_COMPLETED
     assert [s.is_finished for s in RequestStatus] == [False, False, True, True, True]
+
+
+def test_a_cancel_during_a_forward_is_applied_before_that_steps_decodes():
+    pipeline = ToyPipeline()
+    handles = {}
+    seen_at_decode = {}
+
+    def cancel_during_last_forward_of_short(index, batch):
+        if index == 2:  # the short request's third and last step
+            handles["long"].cancel()
+
+    decode = pipeline.post_decode
+
+    def recording_decode(state):
+        seen_at_decode[state.request_id] = handles["long"].last_event
+        return decode(state)
+
+    pipeline.on_forward = cancel_during_last_forward_of_short
+    pipeline.post_decode = recording_decode
+    with running_engine(pipeline, max_batch=4) as engine:
+        handles["long"] = engine.submit(params(seed=1, steps=8, prompt="long"), session_id="l")
+        handles["short"] = engine.submit(params(seed=2, steps=3, prompt="short"), session_id="s")
+        assert isinstance(handles["short"].result(timeout=30), Completed)
+        assert isinstance(handles["long"].result(timeout=30), Aborted)
+        assert engine.states_in_memory == 0
+    # The short request's VAE decode ran after the cancel had freed the long one's slot.
+    assert isinstance(seen_at_decode[handles["short"].request_id], Aborted)
+    assert pipeline.decoded == [handles["short"].request_id]
+    assert [len(f) for f in pipeline.forward_log] == [2, 2, 2]
+
+
+def test_a_request_cancelled_during_its_last_forward_is_not_decoded():
+    pipeline = ToyPipeline()
+    handle = {}
+    pipeline.on_forward = lambda index, batch: index == 3 and handle["it"].cancel()
+    with running_engine(pipeline) as engine:
+        handle["it"] = engine.submit(params(steps=4), session_id="a")
+        final = handle["it"].result(timeout=30)
+        assert engine.states_in_memory == 0
+        assert engine.snapshot().stats.finished == {"aborted": 1}
+    assert isinstance(final, Aborted) and "cancelled" in final.reason
+    assert len(pipeline.forward_log) == 4 and pipeline.decoded == []
