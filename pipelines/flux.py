@@ -29,7 +29,6 @@ import copy
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -43,7 +42,7 @@ from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
 from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.params import GenerationParams
-from pipelines.prompt_cache import PromptEmbeddingCache, split_rows
+from pipelines.prompt_cache import BatchedPromptEncoder, PromptEmbeddingCache, split_rows
 from pipelines.validation import check_image_params, check_scheduler_name
 from pipelines.studio_config import StudioConfig, read_studio_config
 
@@ -104,7 +103,7 @@ def _default_max_sequence_length(pipe: FluxPipeline, guidance_embeds: bool) -> i
     return length
 
 
-class FluxStepPipeline:
+class FluxStepPipeline(BatchedPromptEncoder):
     """A FLUX.1 checkpoint driven one denoise step at a time (see the module docstring)."""
 
     def __init__(
@@ -217,11 +216,6 @@ class FluxStepPipeline:
 
     def batch_key(self, params: GenerationParams) -> FluxBatchKey:
         return FluxBatchKey(height=params.height, width=params.width, max_sequence_length=self.max_sequence_length)
-
-    @torch.no_grad()
-    def encode_prompts(self, params: Sequence[GenerationParams]) -> None:
-        """The texts of requests joining the same step, through the text encoders in one call."""
-        self.prompt_cache.encode_many([text for p in params for text in self._texts(p)])
 
     @torch.no_grad()
     def prepare_encode(self, state: RequestState) -> None:

@@ -30,6 +30,20 @@ def split_rows(count: int, *batched) -> list[tuple]:
     return [tuple(tensor[i : i + 1].clone() for tensor in batched) for i in range(count)]
 
 
+class BatchedPromptEncoder:
+    """`encode_prompts` of the optional protocol (pipelines/interface.py), for a pipeline with
+    a `prompt_cache` and a `_texts(params)` that lists what one request encodes."""
+
+    prompt_cache: "PromptEmbeddingCache"
+
+    def _texts(self, params) -> list[str]:
+        raise NotImplementedError
+
+    def encode_prompts(self, params: Sequence) -> None:
+        """The texts of requests joining the same step, through the text encoders in one call."""
+        self.prompt_cache.encode_many([text for p in params for text in self._texts(p)])
+
+
 class PromptEmbeddingCache:
     """Text -> its embeddings, least recently used evicted first.
 

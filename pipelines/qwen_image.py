@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -35,7 +34,7 @@ from pipelines.interface import Batch, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection
 from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.params import GenerationParams
-from pipelines.prompt_cache import PromptEmbeddingCache
+from pipelines.prompt_cache import BatchedPromptEncoder, PromptEmbeddingCache
 from pipelines.validation import check_image_params, check_scheduler_name
 from pipelines.studio_config import StudioConfig, read_studio_config
 
@@ -88,7 +87,7 @@ def pad_text_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor 
     return padded, mask
 
 
-class QwenImageStepPipeline:
+class QwenImageStepPipeline(BatchedPromptEncoder):
     """Qwen-Image driven one co-batched denoise step at a time."""
 
     family = "qwen-image"
@@ -135,11 +134,6 @@ class QwenImageStepPipeline:
         return cls(pipe, Path(path).name, device, read_studio_config(Path(path)))
 
     # ---------------------------------------------------------------- protocol
-    @torch.no_grad()
-    def encode_prompts(self, params: Sequence[GenerationParams]) -> None:
-        """The texts of requests joining the same step, through the text encoder in one call."""
-        self.prompt_cache.encode_many([text for p in params for text in self._texts(p)])
-
     def validate(self, params: GenerationParams) -> None:
         check_image_params(params, self.info.name, self.size_multiple, (SCHEDULER_NAME,))
 

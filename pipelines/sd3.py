@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from diffusers import StableDiffusion3Pipeline
@@ -35,7 +34,7 @@ from pipelines.interface import Batch, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
 from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.params import GenerationParams
-from pipelines.prompt_cache import PromptEmbeddingCache, split_rows
+from pipelines.prompt_cache import BatchedPromptEncoder, PromptEmbeddingCache, split_rows
 from pipelines.validation import check_image_params, check_scheduler_name
 from pipelines.studio_config import StudioConfig, read_studio_config
 
@@ -74,7 +73,7 @@ class SD3RequestData:
     predicted_x0: torch.Tensor | None = None  # after the last step (kept only for previews)
 
 
-class SD3StepPipeline:
+class SD3StepPipeline(BatchedPromptEncoder):
     """A Stable Diffusion 3 checkpoint driven one denoise step at a time (see the module docstring)."""
 
     def __init__(
@@ -171,17 +170,11 @@ class SD3StepPipeline:
         return SD3BatchKey(height=params.height, width=params.width, max_sequence_length=self.max_sequence_length)
 
     @torch.no_grad()
-    def encode_prompts(self, params: Sequence[GenerationParams]) -> None:
-        """The texts of requests joining the same step, through the text encoders in one call."""
-        self.prompt_cache.encode_many([text for p in params for text in self._texts(p)])
-
-    @torch.no_grad()
     def prepare_encode(self, state: RequestState) -> None:
         params = state.params
         pipe = self.pipe
-        cfg = params.guidance_scale > 1.0
         (prompt_embeds, pooled), *negative = self.prompt_cache.encode_many(self._texts(params))
-        negative_embeds, negative_pooled = negative[0] if cfg else (None, None)
+        negative_embeds, negative_pooled = negative[0] if negative else (None, None)  # CFG: see _texts
         state.conditioning = SD3Conditioning(
             prompt_embeds,
             pooled,

@@ -21,7 +21,7 @@ import functools
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from diffusers import (
@@ -41,7 +41,7 @@ from pipelines.interface import Batch, PipelineInfo, RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for
 from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.params import GenerationParams
-from pipelines.prompt_cache import PromptEmbeddingCache, split_rows
+from pipelines.prompt_cache import BatchedPromptEncoder, PromptEmbeddingCache, split_rows
 from pipelines.validation import check_image_params, check_scheduler_name
 from pipelines.studio_config import StudioConfig, read_studio_config
 
@@ -117,7 +117,7 @@ def _scheduler_name_of(scheduler) -> str:
     return type(scheduler).__name__
 
 
-class StableDiffusionStepPipeline:
+class StableDiffusionStepPipeline(BatchedPromptEncoder):
     """Stable Diffusion 1.x / 2.x driven one co-batched denoise step at a time."""
 
     family = "stable-diffusion"
@@ -181,11 +181,6 @@ class StableDiffusionStepPipeline:
         return cls(pipe, Path(path).name, device, options.scheduler, read_studio_config(Path(path)))
 
     # ---------------------------------------------------------------- protocol
-    @torch.no_grad()
-    def encode_prompts(self, params: Sequence[GenerationParams]) -> None:
-        """The texts of requests joining the same step, through the text encoders in one call."""
-        self.prompt_cache.encode_many([text for p in params for text in self._texts(p)])
-
     def validate(self, params: GenerationParams) -> None:
         check_image_params(params, self.info.name, self.vae_scale_factor, tuple(NOISE_SCHEDULERS))
 
