@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from engine import Aborted, Completed, RequestStatus
+from engine import Aborted, Completed, Engine, RequestStatus
 from pipelines.toy import ToyPipeline
 from tests.engine_helpers import params, pixels, running_engine, solo_pixels
 
@@ -95,12 +95,17 @@ def test_a_cancel_during_a_forward_is_applied_before_that_steps_decodes():
 
     pipeline.on_forward = cancel_during_last_forward_of_short
     pipeline.post_decode = recording_decode
-    with running_engine(pipeline, max_batch=4) as engine:
-        handles["long"] = engine.submit(params(seed=1, steps=8, prompt="long"), session_id="l")
-        handles["short"] = engine.submit(params(seed=2, steps=3, prompt="short"), session_id="s")
+    engine = Engine(pipeline, max_batch=4)
+    # Both are queued before the engine thread starts, so both join its first step.
+    handles["long"] = engine.submit(params(seed=1, steps=8, prompt="long"), session_id="l")
+    handles["short"] = engine.submit(params(seed=2, steps=3, prompt="short"), session_id="s")
+    engine.start()
+    try:
         assert isinstance(handles["short"].result(timeout=30), Completed)
         assert isinstance(handles["long"].result(timeout=30), Aborted)
         assert engine.states_in_memory == 0
+    finally:
+        engine.close()
     # The short request's VAE decode ran after the cancel had freed the long one's slot.
     assert isinstance(seen_at_decode[handles["short"].request_id], Aborted)
     assert pipeline.decoded == [handles["short"].request_id]
@@ -109,12 +114,15 @@ def test_a_cancel_during_a_forward_is_applied_before_that_steps_decodes():
 
 def test_a_request_cancelled_during_its_last_forward_is_not_decoded():
     pipeline = ToyPipeline()
-    handle = {}
-    pipeline.on_forward = lambda index, batch: index == 3 and handle["it"].cancel()
-    with running_engine(pipeline) as engine:
-        handle["it"] = engine.submit(params(steps=4), session_id="a")
-        final = handle["it"].result(timeout=30)
+    engine = Engine(pipeline)
+    handle = engine.submit(params(steps=4), session_id="a")  # queued before the thread starts
+    pipeline.on_forward = lambda index, batch: index == 3 and handle.cancel()
+    engine.start()
+    try:
+        final = handle.result(timeout=30)
         assert engine.states_in_memory == 0
         assert engine.snapshot().stats.finished == {"aborted": 1}
+    finally:
+        engine.close()
     assert isinstance(final, Aborted) and "cancelled" in final.reason
     assert len(pipeline.forward_log) == 4 and pipeline.decoded == []
