@@ -30,6 +30,7 @@ from studio.bridge import (
 from studio.config import StudioOptions
 from studio.graph_view import GRAPH_CSS, render_graph
 from studio.queue_view import QUEUE_CSS, render_queue, short_id, snapshot_as_dict
+from studio.workflow_ui import RunRegistry, WorkflowRunner, build_workflow_tab, wire_workflow_api, wire_workflow_tab
 
 GALLERY_LIMIT = 24
 
@@ -375,17 +376,24 @@ def _own_request_id(engine: Engine, request_id: str, session: str) -> str:
 # ---------------------------------------------------------------------------- the page
 def build_ui(engine: Engine, config: StudioOptions) -> gr.Blocks:
     """The whole page; every tab gets its own session state, all share `engine`."""
+    runner = WorkflowRunner(engine, config, RunRegistry())
     with gr.Blocks(title=f"stepstudio · {engine.info.name}") as demo:
         _build_header(engine, config)
-        with gr.Row():
-            with gr.Column(scale=2):
-                form = _build_form(engine, config)
-            with gr.Column(scale=3):
-                panel = _build_results(engine)
+        with gr.Tabs(elem_id="ss-tabs"):
+            with gr.Tab("Workflow", id="workflow", elem_id="ss-tab-workflow"):
+                workflow_tab = build_workflow_tab(engine, config, runner.registry)
+            with gr.Tab("Simple", id="simple", elem_id="ss-tab-simple"):
+                with gr.Row():
+                    with gr.Column(scale=2):
+                        form = _build_form(engine, config)
+                    with gr.Column(scale=3):
+                        panel = _build_results(engine)
         views = _build_live_views(config)
         api = _build_api_components(engine)
         _wire_generate(engine, config, form, panel)
         _wire_unknown_words(engine, form)
         _wire_live_views(engine, config, views)
         _wire_api(engine, config, api)
+        wire_workflow_tab(runner, workflow_tab)
+        wire_workflow_api(runner)
     return demo

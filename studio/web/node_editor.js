@@ -1,0 +1,606 @@
+/* stepstudio's node editor: a drawflow canvas inside the studio's gr.HTML component.
+ *
+ * The node types (ports, types, fields) come from Python (`props.node_types`), so the palette,
+ * the typed-port checks and the compiler agree. The editor keeps the component's value equal to
+ * the workflow JSON (version 1, see studio/workflow.py); Run fires the component's `submit`
+ * event and Python streams the run back through the `run_state` prop.
+ *
+ * Mounted from js_on_load:  StepStudioEditor.mount(element, props, server, trigger, watch)
+ */
+(function () {
+  "use strict";
+
+  const STORAGE_KEY = "stepstudio.workflow.current";
+  const SAVED_KEY = "stepstudio.workflow.saved";
+  const UNDO_LIMIT = 100;
+  const PNG_SIGNATURE = [137, 80, 78, 71, 13, 10, 26, 10];
+
+  function h(tag, attrs, children) {
+    const el = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value === undefined || value === null || value === false) continue;
+      if (key === "text") el.textContent = value;
+      else if (key === "class") el.className = value;
+      else if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+      else el.setAttribute(key, value === true ? "" : value);
+    }
+    for (const child of children || []) if (child) el.appendChild(child);
+    return el;
+  }
+
+  function escapeHtml(text) {
+    return String(text).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+  }
+
+  class NodeEditor {
+    constructor(element, props, server, trigger, watch) {
+      this.root = element.querySelector(".sse-root") || element;
+      this.props = props;
+      this.server = server;
+      this.trigger = trigger;
+      this.types = {};
+      for (const spec of props.node_types || []) this.types[spec.name] = spec;
+      this.examples = props.examples || {};
+      this.schedulers = props.schedulers || [];
+      this.undoStack = [];
+      this.quiet = 0; // > 0 while loading a workflow: no undo entries, no link checks
+      this.runState = null;
+      this.build();
+      this.startDrawflow();
+      const saved = this.readStorage(STORAGE_KEY);
+      this.load(saved || this.parse(props.value) || this.examples[props.default_example] || { version: 1, nodes: [], links: [] });
+      watch("run_state", () => this.showRun(this.props.run_state));
+      window.addEventListener("keydown", (event) => this.onKey(event));
+    }
+
+    // ------------------------------------------------------------------ page structure
+    build() {
+      this.root.innerHTML = "";
+      const button = (label, action, title, extra) =>
+        h("button", { class: "sse-btn " + (extra || ""), "data-action": action, title: title || label, text: label,
+                      onclick: () => this.onAction(action) });
+      this.exampleSelect = h("select", { class: "sse-examples", title: "Load a workflow", onchange: (e) => this.onLoadChoice(e) });
+      this.fileInput = h("input", { type: "file", accept: ".json,.png,application/json,image/png", class: "sse-file",
+                                    onchange: (e) => this.onUpload(e.target.files[0]) });
+      this.message = h("span", { class: "sse-message", role: "status" });
+      const toolbar = h("div", { class: "sse-toolbar" }, [
+        button("▶ Run", "run", "Run the workflow on the shared engine", "sse-primary sse-run"),
+        button("■ Cancel", "cancel", "Cancel the whole run at the next step boundary", "sse-stop sse-cancel"),
+        h("span", { class: "sse-sep" }),
+        this.exampleSelect,
+        button("Save", "save", "Save this workflow in the browser"),
+        button("Download", "download", "Download the workflow as JSON"),
+        h("label", { class: "sse-btn sse-upload", title: "Open a workflow JSON (or a PNG made from a workflow)" },
+          [document.createTextNode("Upload"), this.fileInput]),
+        h("span", { class: "sse-sep" }),
+        button("↶ Undo", "undo", "Undo the last edit (Ctrl+Z)"),
+        button("−", "zoom-out", "Zoom out"),
+        button("+", "zoom-in", "Zoom in"),
+        button("1:1", "zoom-reset", "Reset zoom"),
+        button("Clear", "clear", "Remove every node"),
+        this.message,
+      ]);
+      this.palette = h("div", { class: "sse-palette" });
+      this.canvas = h("div", { class: "sse-canvas", ondragover: (e) => e.preventDefault(), ondrop: (e) => this.onDrop(e) });
+      this.runbar = h("div", { class: "sse-runbar" }, [h("span", { class: "sse-run-text", text: "Ready." }),
+                                                      h("progress", { class: "sse-run-progress", value: 0, max: 1 })]);
+      this.root.appendChild(toolbar);
+      this.root.appendChild(h("div", { class: "sse-body" }, [this.palette, this.canvas]));
+      this.root.appendChild(this.runbar);
+      this.buildPalette();
+      this.refreshLoadChoices();
+    }
+
+    buildPalette() {
+      const categories = ["values", "fan-out", "sampler", "outputs"];
+      const titles = { values: "Values", "fan-out": "Fan-out", sampler: "Sampler", outputs: "Outputs" };
+      for (const category of categories) {
+        this.palette.appendChild(h("div", { class: "sse-palette-head", text: titles[category] }));
+        for (const spec of Object.values(this.types).filter((t) => t.category === category)) {
+          this.palette.appendChild(h("div", {
+            class: "sse-palette-item sse-cat-" + category, draggable: "true", "data-node-type": spec.name,
+            title: spec.description + " (drag onto the canvas, or click)", text: spec.title,
+            ondragstart: (e) => e.dataTransfer.setData("text/plain", spec.name),
+            onclick: () => this.addNodeAtView(spec.name),
+          }));
+        }
+      }
+    }
+
+    refreshLoadChoices() {
+      const select = this.exampleSelect;
+      select.innerHTML = "";
+      select.appendChild(h("option", { value: "", text: "Load…" }));
+      for (const name of Object.keys(this.examples)) select.appendChild(h("option", { value: "example:" + name, text: "Example: " + name }));
+      const saved = this.readStorage(SAVED_KEY) || {};
+      for (const name of Object.keys(saved)) select.appendChild(h("option", { value: "saved:" + name, text: "Saved: " + name }));
+    }
+
+    startDrawflow() {
+      const df = new Drawflow(this.canvas);
+      df.reroute = false;
+      df.curvature = 0.4;
+      df.zoom_min = 0.3;
+      df.zoom_max = 2.0;
+      df.start();
+      this.df = df;
+      df.on("connectionCreated", (c) => this.onConnection(c));
+      df.on("connectionRemoved", () => this.changed());
+      df.on("nodeRemoved", () => this.changed());
+      df.on("nodeMoved", () => this.changed());
+      df.on("nodeDataChanged", (id) => this.onNodeData(id));
+    }
+
+    // ------------------------------------------------------------------ nodes
+    nodeHtml(spec) {
+      const rows = Math.max(spec.inputs.length, spec.outputs.length);
+      let ports = "";
+      for (let i = 0; i < rows; i++) {
+        const input = spec.inputs[i], output = spec.outputs[i];
+        ports += `<div class="sse-port-row"><span class="sse-in">${input ? escapeHtml(input.name.replace("_", " ")) + (input.required ? " *" : "") : ""}</span>` +
+                 `<span class="sse-out">${output ? escapeHtml((output.type || "values").replace("_", " ")) : ""}</span></div>`;
+      }
+      let fields = "";
+      for (const field of spec.fields) {
+        const id = "df-" + field.name;
+        let control;
+        if (field.kind === "lines") control = `<textarea ${id} rows="3" spellcheck="false"></textarea>`;
+        else if (field.kind === "choice" || field.kind === "scheduler") {
+          const choices = field.kind === "scheduler" ? [""].concat(this.schedulers) : field.choices;
+          control = `<select ${id}>` + choices.map((c) => `<option value="${escapeHtml(c)}">${escapeHtml(c || "model default")}</option>`).join("") + "</select>";
+        } else {
+          const type = field.kind === "text" ? "text" : "number";
+          const step = field.kind === "float" ? ' step="0.5"' : "";
+          control = `<input type="${type}" ${id}${step}>`;
+        }
+        fields += `<label class="sse-field" title="${escapeHtml(field.help || "")}"><span>${escapeHtml(field.label)}</span>${control}</label>`;
+      }
+      return `<div class="sse-node" data-node-type="${spec.name}">` +
+             `<div class="sse-title"><span class="sse-title-text">${escapeHtml(spec.title)}</span>` +
+             `<span class="sse-badge"></span><span class="sse-delete" title="Delete this node">×</span></div>` +
+             `<div class="sse-ports">${ports}</div><div class="sse-fields">${fields}</div>` +
+             `<div class="sse-problems"></div><div class="sse-live"></div></div>`;
+    }
+
+    addNode(typeName, x, y, values) {
+      const spec = this.types[typeName];
+      if (!spec) return null;
+      const data = {};
+      for (const field of spec.fields) data[field.name] = values && field.name in values ? values[field.name] : field.default;
+      const id = this.df.addNode(typeName, spec.inputs.length, spec.outputs.length, x, y, "sse-df-node sse-cat-" + spec.category,
+                                 data, this.nodeHtml(spec));
+      const el = this.nodeElement(id);
+      el.dataset.nodeType = typeName;
+      el.querySelector(".sse-delete").addEventListener("mousedown", (e) => { e.stopPropagation(); });
+      el.querySelector(".sse-delete").addEventListener("click", (e) => { e.stopPropagation(); this.df.removeNodeId("node-" + id); });
+      spec.inputs.forEach((port, i) => this.markPort(el.querySelector(".inputs .input_" + (i + 1)), port.name, port.type));
+      spec.outputs.forEach((port, i) => this.markPort(el.querySelector(".outputs .output_" + (i + 1)), port.name, this.outputType(id, i)));
+      this.changed();
+      return id;
+    }
+
+    markPort(portEl, name, type) {
+      if (!portEl) return;
+      portEl.dataset.port = name;
+      portEl.dataset.portType = type || "";
+      portEl.title = name + (type ? " (" + type + ")" : "");
+      portEl.className = portEl.className.replace(/\bsse-t-\S+/g, "").trim() + " sse-t-" + (type || "none");
+    }
+
+    nodeElement(id) {
+      return this.canvas.querySelector("#node-" + id);
+    }
+
+    nodeData(id) {
+      return this.df.getNodeFromId(id);
+    }
+
+    outputType(id, index) {
+      const node = this.nodeData(id);
+      const port = this.types[node.name].outputs[index];
+      if (port.type) return port.type;
+      return node.data.param; // a Sweep's output is the setting it varies
+    }
+
+    inputType(id, index) {
+      const node = this.nodeData(id);
+      return this.types[node.name].inputs[index].type;
+    }
+
+    addNodeAtView(typeName) {
+      // Near the top-left of what is visible, shifted a little per node so they don't stack.
+      const rect = this.canvas.getBoundingClientRect();
+      const count = Object.keys(this.df.drawflow.drawflow.Home.data).length;
+      const point = this.toCanvas(rect.left + 40 + (count % 6) * 24, rect.top + 30 + (count % 6) * 24);
+      return this.addNode(typeName, point.x, point.y);
+    }
+
+    toCanvas(clientX, clientY) {
+      const pre = this.df.precanvas;
+      const scale = pre.clientWidth / (pre.clientWidth * this.df.zoom);
+      const box = pre.getBoundingClientRect();
+      return { x: clientX * scale - box.x * scale, y: clientY * scale - box.y * scale };
+    }
+
+    onDrop(event) {
+      event.preventDefault();
+      const typeName = event.dataTransfer.getData("text/plain");
+      if (!this.types[typeName]) return;
+      const point = this.toCanvas(event.clientX, event.clientY);
+      this.addNode(typeName, point.x, point.y);
+    }
+
+    // ------------------------------------------------------------------ links
+    onConnection(c) {
+      if (this.quiet) return;
+      const out = parseInt(c.output_class.split("_")[1], 10) - 1;
+      const inp = parseInt(c.input_class.split("_")[1], 10) - 1;
+      const have = this.outputType(c.output_id, out), want = this.inputType(c.input_id, inp);
+      const inputNode = this.nodeData(c.input_id);
+      const existing = inputNode.inputs[c.input_class].connections;
+      let refusal = null;
+      if (have !== want) refusal = `Can't link ${have || "?"} to ${want}: the port types differ.`;
+      else if (existing.length > 1) refusal = `This ${want} input already has a link; an input takes one (delete the old link first).`;
+      else if (String(c.output_id) === String(c.input_id) || this.reaches(c.input_id, c.output_id)) refusal = "That link would make a cycle.";
+      if (refusal) {
+        this.quiet++;
+        this.df.removeSingleConnection(c.output_id, c.input_id, c.output_class, c.input_class);
+        this.quiet--;
+        this.say(refusal, "error");
+        this.flashPort(c.input_id, c.input_class);
+        return;
+      }
+      this.say("");
+      this.changed();
+    }
+
+    reaches(fromId, toId) {
+      // Is toId downstream of fromId?
+      const data = this.df.drawflow.drawflow.Home.data;
+      const seen = new Set();
+      const stack = [String(fromId)];
+      while (stack.length) {
+        const id = stack.pop();
+        if (id === String(toId)) return true;
+        if (seen.has(id) || !data[id]) continue;
+        seen.add(id);
+        for (const output of Object.values(data[id].outputs)) for (const conn of output.connections) stack.push(String(conn.node));
+      }
+      return false;
+    }
+
+    flashPort(nodeId, portClass) {
+      const el = this.nodeElement(nodeId);
+      const port = el && el.querySelector(".inputs ." + portClass);
+      if (!port) return;
+      port.classList.add("sse-refused");
+      setTimeout(() => port.classList.remove("sse-refused"), 900);
+    }
+
+    onNodeData(id) {
+      const node = this.nodeData(id);
+      if (node && node.name === "sweep") this.retypeSweep(id);
+      this.changedSoon();
+    }
+
+    retypeSweep(id) {
+      // The Sweep's output type follows its setting; links that no longer fit go.
+      const el = this.nodeElement(id);
+      const type = this.outputType(id, 0);
+      this.markPort(el.querySelector(".outputs .output_1"), "values", type);
+      const node = this.nodeData(id);
+      for (const conn of [...node.outputs.output_1.connections]) {
+        const inp = parseInt(conn.output.split("_")[1], 10) - 1;
+        if (this.inputType(conn.node, inp) !== type) {
+          this.df.removeSingleConnection(id, conn.node, "output_1", conn.output);
+          this.say(`Removed a link that no longer fits: the sweep now makes ${type}.`, "error");
+        }
+      }
+    }
+
+    // ------------------------------------------------------------------ workflow <-> editor
+    toWorkflow() {
+      const data = this.df.drawflow.drawflow.Home.data;
+      const nodes = [], links = [];
+      for (const node of Object.values(data)) {
+        const spec = this.types[node.name];
+        const values = {};
+        for (const field of spec.fields) values[field.name] = node.data[field.name];
+        nodes.push({ id: String(node.id), type: node.name, values, position: [Math.round(node.pos_x), Math.round(node.pos_y)] });
+        spec.outputs.forEach((port, i) => {
+          for (const conn of (node.outputs["output_" + (i + 1)] || { connections: [] }).connections) {
+            const target = data[conn.node];
+            const index = parseInt(conn.output.split("_")[1], 10) - 1;
+            links.push({ from: { node: String(node.id), port: port.name },
+                         to: { node: String(conn.node), port: this.types[target.name].inputs[index].name } });
+          }
+        });
+      }
+      return { version: 1, nodes, links };
+    }
+
+    load(workflow, message) {
+      if (!workflow || !Array.isArray(workflow.nodes)) { this.say("That is not a workflow (it has no nodes list).", "error"); return false; }
+      this.quiet++;
+      try {
+        this.df.clear();
+        const ids = {};
+        const unknown = [];
+        for (const node of workflow.nodes) {
+          if (!this.types[node.type]) { unknown.push(node.type); continue; }
+          const pos = node.position || [0, 0];
+          ids[String(node.id)] = this.addNode(node.type, pos[0], pos[1], node.values || {});
+        }
+        for (const link of workflow.links || []) {
+          const from = ids[String(link.from.node)], to = ids[String(link.to.node)];
+          if (from === undefined || to === undefined) continue;
+          const out = this.types[this.nodeData(from).name].outputs.findIndex((p) => p.name === link.from.port);
+          const inp = this.types[this.nodeData(to).name].inputs.findIndex((p) => p.name === link.to.port);
+          if (out >= 0 && inp >= 0) this.df.addConnection(from, to, "output_" + (out + 1), "input_" + (inp + 1));
+        }
+        for (const id of Object.values(ids)) this.syncFields(id);
+        if (unknown.length) this.say("Skipped unknown node types: " + unknown.join(", "), "error");
+        else if (message) this.say(message);
+      } finally {
+        this.quiet--;
+      }
+      this.changed();
+      return true;
+    }
+
+    syncFields(id) {
+      // drawflow fills df-* controls from node data; selects need their value set explicitly.
+      const node = this.nodeData(id);
+      const el = this.nodeElement(id);
+      for (const [name, value] of Object.entries(node.data)) {
+        const control = el.querySelector(`[df-${name}]`);
+        if (control && control.value !== String(value)) control.value = value;
+      }
+      if (node.name === "sweep") this.markPort(el.querySelector(".outputs .output_1"), "values", node.data.param);
+    }
+
+    changed() {
+      if (this.quiet) return;
+      const json = JSON.stringify(this.toWorkflow());
+      if (this.undoStack[this.undoStack.length - 1] !== json) {
+        this.undoStack.push(json);
+        if (this.undoStack.length > UNDO_LIMIT) this.undoStack.shift();
+      }
+      this.props.value = json; // keeps the component's value (what Run sends) equal to the graph
+      try { localStorage.setItem(STORAGE_KEY, json); } catch (e) { /* storage full or disabled */ }
+      this.root.dataset.nodes = String(Object.keys(this.df.drawflow.drawflow.Home.data).length);
+    }
+
+    changedSoon() {
+      clearTimeout(this.typingTimer);
+      this.typingTimer = setTimeout(() => this.changed(), 250);
+    }
+
+    undo() {
+      if (this.undoStack.length < 2) { this.say("Nothing to undo."); return; }
+      this.undoStack.pop();
+      const previous = this.undoStack.pop();
+      this.load(JSON.parse(previous), "Undone.");
+    }
+
+    // ------------------------------------------------------------------ toolbar
+    onAction(action) {
+      if (action === "run") return this.run();
+      if (action === "cancel") return this.cancelRun();
+      if (action === "save") return this.save();
+      if (action === "download") return this.download();
+      if (action === "undo") return this.undo();
+      if (action === "zoom-in") return this.df.zoom_in();
+      if (action === "zoom-out") return this.df.zoom_out();
+      if (action === "zoom-reset") return this.df.zoom_reset();
+      if (action === "clear") { this.df.clear(); this.changed(); this.say("Cleared (Undo brings it back)."); }
+    }
+
+    onKey(event) {
+      const typing = ["INPUT", "TEXTAREA", "SELECT"].includes((event.target || {}).tagName);
+      if (!typing && (event.ctrlKey || event.metaKey) && event.key.toLowerCase() === "z" && this.root.isConnected) {
+        event.preventDefault();
+        this.undo();
+      }
+    }
+
+    run() {
+      clearTimeout(this.typingTimer);
+      this.changed();
+      this.clearProblems();
+      this.say("Submitting…");
+      this.trigger("submit");
+    }
+
+    async cancelRun() {
+      const state = this.runState;
+      if (!state || !state.run_id || state.state !== "running") { this.say("No run to cancel."); return; }
+      const answer = await this.server.cancel_run({ run_id: state.run_id });
+      this.say(answer && answer.message ? answer.message : "Cancelling…");
+    }
+
+    async cancelBranch(index) {
+      const state = this.runState;
+      if (!state || !state.run_id) return;
+      const answer = await this.server.cancel_branch({ run_id: state.run_id, index });
+      this.say(answer && answer.message ? answer.message : "Cancelling branch " + index);
+    }
+
+    onLoadChoice(event) {
+      const value = event.target.value;
+      event.target.value = "";
+      if (value.startsWith("example:")) this.load(this.examples[value.slice(8)], "Loaded example " + value.slice(8) + ".");
+      else if (value.startsWith("saved:")) {
+        const saved = this.readStorage(SAVED_KEY) || {};
+        this.load(saved[value.slice(6)], "Loaded " + value.slice(6) + ".");
+      }
+    }
+
+    save() {
+      const name = window.prompt("Save this workflow in the browser as:", "my workflow");
+      if (!name) return;
+      const saved = this.readStorage(SAVED_KEY) || {};
+      saved[name] = this.toWorkflow();
+      localStorage.setItem(SAVED_KEY, JSON.stringify(saved));
+      this.refreshLoadChoices();
+      this.say("Saved as " + name + ".");
+    }
+
+    download() {
+      const blob = new Blob([JSON.stringify(this.toWorkflow(), null, 2)], { type: "application/json" });
+      const link = h("a", { href: URL.createObjectURL(blob), download: "workflow.json" });
+      document.body.appendChild(link);
+      link.click();
+      link.remove();
+      setTimeout(() => URL.revokeObjectURL(link.href), 1000);
+    }
+
+    async onUpload(file) {
+      if (!file) return;
+      this.fileInput.value = "";
+      const bytes = new Uint8Array(await file.arrayBuffer());
+      let text = null;
+      if (PNG_SIGNATURE.every((b, i) => bytes[i] === b)) text = pngText(bytes, "workflow");
+      else text = new TextDecoder().decode(bytes);
+      if (text === null) { this.say("This PNG carries no workflow.", "error"); return; }
+      const workflow = this.parse(text);
+      if (!workflow) { this.say("The file is not workflow JSON.", "error"); return; }
+      this.load(workflow, "Opened " + file.name + ".");
+    }
+
+    // ------------------------------------------------------------------ run state (from Python)
+    showRun(state) {
+      if (!state) return;
+      this.runState = state;
+      if (state.state === "invalid") { this.showProblems(state.problems || []); return; }
+      const text = `${state.state.toUpperCase()} · ${state.done}/${state.total} branches` +
+                   (state.message ? " · " + state.message : "");
+      this.runbar.querySelector(".sse-run-text").textContent = text;
+      const bar = this.runbar.querySelector(".sse-run-progress");
+      bar.max = Math.max(1, state.total_steps || 1);
+      bar.value = state.steps_done || 0;
+      this.root.dataset.runState = state.state;
+      if (state.state !== "running") this.say("Run " + state.state + ".");
+      else this.say("");
+      const byIndex = {};
+      for (const branch of state.branches || []) byIndex[branch.index] = branch;
+      for (const [nodeId, view] of Object.entries(state.nodes || {})) {
+        const el = this.nodeElement(nodeId);
+        if (!el) continue;
+        el.dataset.state = view.state;
+        el.querySelector(".sse-badge").textContent = view.total ? `${view.state} ${view.done}/${view.total}` : "";
+        const live = el.querySelector(".sse-live");
+        const branches = (view.branches || []).map((i) => byIndex[i]).filter(Boolean);
+        const type = el.dataset.nodeType;
+        if (type === "sampler") this.showBranchBars(live, branches);
+        else if (type === "live_preview") this.showThumbs(live, branches, (b) => b.preview || b.image, "sse-preview");
+        else if (type === "image_output") this.showThumbs(live, branches, (b) => b.image, "sse-result");
+        else if (type === "grid") {
+          const grid = (state.grids || {})[nodeId];
+          if (grid) live.innerHTML = `<img class="sse-grid" src="${grid}" alt="X/Y grid">`;
+        }
+      }
+    }
+
+    showBranchBars(live, branches) {
+      live.innerHTML = "";
+      for (const b of branches) {
+        const row = h("div", { class: "sse-branch", "data-index": b.index, "data-state": b.state, title: b.message || b.state }, [
+          h("span", { class: "sse-branch-label", text: b.label }),
+          h("progress", { value: b.step, max: Math.max(1, b.total) }),
+          h("span", { class: "sse-branch-step", text: b.state === "running" || b.state === "completed" ? `${b.step}/${b.total}` : b.state }),
+        ]);
+        if (!["completed", "aborted", "failed"].includes(b.state)) {
+          row.appendChild(h("span", { class: "sse-branch-cancel", title: "Cancel this branch", text: "×",
+                                      onmousedown: (e) => e.stopPropagation(),
+                                      onclick: (e) => { e.stopPropagation(); this.cancelBranch(b.index); } }));
+        }
+        live.appendChild(row);
+      }
+    }
+
+    showThumbs(live, branches, pick, cls) {
+      live.innerHTML = "";
+      const wrap = h("div", { class: "sse-thumbs" + (branches.length <= 2 ? " sse-few" : "") });
+      for (const b of branches) {
+        const src = pick(b);
+        const cell = h("figure", { class: "sse-thumb " + cls, "data-index": b.index, "data-state": b.state });
+        cell.appendChild(src ? h("img", { src, alt: b.label }) : h("div", { class: "sse-thumb-empty", text: b.state }));
+        cell.appendChild(h("figcaption", { text: b.label }));
+        wrap.appendChild(cell);
+      }
+      live.appendChild(wrap);
+    }
+
+    showProblems(problems) {
+      this.clearProblems();
+      const loose = [];
+      for (const problem of problems) {
+        const el = problem.node ? this.nodeElement(problem.node) : null;
+        if (!el) { loose.push(problem.message); continue; }
+        el.dataset.state = "invalid";
+        el.querySelector(".sse-problems").appendChild(
+          h("div", { class: "sse-problem", text: (problem.port ? problem.port + ": " : "") + problem.message }));
+      }
+      this.say(problems.length + " problem(s): " + (loose.join("; ") || "see the marked nodes") + ".", "error");
+      this.runbar.querySelector(".sse-run-text").textContent = "Not run: the workflow has problems.";
+      this.root.dataset.runState = "invalid";
+    }
+
+    clearProblems() {
+      for (const el of this.canvas.querySelectorAll(".sse-problems")) el.innerHTML = "";
+      for (const el of this.canvas.querySelectorAll(".drawflow-node[data-state='invalid']")) delete el.dataset.state;
+    }
+
+    // ------------------------------------------------------------------ helpers
+    say(text, kind) {
+      this.message.textContent = text || "";
+      this.message.dataset.kind = kind || "info";
+    }
+
+    parse(text) {
+      if (!text) return null;
+      if (typeof text === "object") return text;
+      try { return JSON.parse(text); } catch (e) { return null; }
+    }
+
+    readStorage(key) {
+      try { return this.parse(localStorage.getItem(key)); } catch (e) { return null; }
+    }
+  }
+
+  // A tEXt or iTXt chunk's text from PNG bytes (the studio writes the workflow into one).
+  function pngText(bytes, keyword) {
+    const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+    let offset = 8;
+    const decoder = new TextDecoder();
+    while (offset + 8 <= bytes.length) {
+      const length = view.getUint32(offset);
+      const type = decoder.decode(bytes.subarray(offset + 4, offset + 8));
+      const data = bytes.subarray(offset + 8, offset + 8 + length);
+      if (type === "tEXt" || type === "iTXt") {
+        const zero = data.indexOf(0);
+        if (decoder.decode(data.subarray(0, zero)) === keyword) {
+          if (type === "tEXt") return new TextDecoder("latin1").decode(data.subarray(zero + 1));
+          // iTXt: keyword \0 compression-flag compression-method language \0 translated \0 text
+          if (data[zero + 1] !== 0) return null; // compressed iTXt is not written by the studio
+          let rest = zero + 3;
+          rest = data.indexOf(0, rest) + 1;
+          rest = data.indexOf(0, rest) + 1;
+          return decoder.decode(data.subarray(rest));
+        }
+      }
+      if (type === "IEND") break;
+      offset += 12 + length;
+    }
+    return null;
+  }
+
+  window.StepStudioEditor = {
+    mount(element, props, server, trigger, watch) {
+      const editor = new NodeEditor(element, props, server, trigger, watch);
+      element.stepstudioEditor = editor; // for tests and the console
+      return editor;
+    },
+  };
+})();

@@ -1,0 +1,319 @@
+"""Running a compiled workflow: its branches as engine requests of one session, and their state.
+
+    run = WorkflowRun(engine, compiled, session_id="tab-1", preview_every=2)
+    async for view in run.updates():      # a RunView after every batch of engine events
+        ...
+    run.cancel()                          # the whole run, at the next step boundary
+    run.cancel_branch(3)                  # one branch
+
+Admission: the run submits its branches in order, as many as the engine takes for this session;
+the per-session in-flight limit (`--max-per-session`) counts a run's branches like any other
+requests. A run larger than the limit is not refused: its other branches wait in the run's own
+queue ("waiting") and go to the engine as earlier ones finish. Every submitted branch is an
+ordinary engine request, so branches with equal batch keys (and other sessions' requests)
+share each denoise forward.
+
+Every branch is validated by the engine (`prepare_params`: model defaults, seed, the model's
+and server's limits) before the first one is submitted, so a run either starts whole or not
+at all. Aggregation: each node's state comes from the branches it takes part in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import AsyncIterator
+
+from PIL import Image
+
+from engine import (
+    Aborted,
+    AdmissionError,
+    Completed,
+    Engine,
+    EngineClosedError,
+    Failed,
+    GenerationParams,
+    Progress,
+    Queued,
+    RequestHandle,
+    Started,
+)
+from studio.grid import render_grid
+from studio.workflow import Problem, WorkflowError
+from studio.workflow_compiler import Branch, CompiledWorkflow, with_run_settings
+
+RETRY_ADMISSION_S = 0.25  # when the engine refuses and none of the run's branches is in flight
+_SEED_RANGE = 2**32
+
+WAITING, QUEUED, RUNNING = "waiting", "queued", "running"
+COMPLETED, ABORTED, FAILED = "completed", "aborted", "failed"
+TERMINAL = (COMPLETED, ABORTED, FAILED)
+
+
+@dataclass(frozen=True)
+class BranchView:
+    """One branch as the run knows it at one moment."""
+
+    branch: Branch
+    params: GenerationParams  # complete: defaults and seed resolved
+    state: str = WAITING
+    step: int = 0
+    total: int = 0
+    position: int | None = None
+    batch_size: int = 0
+    message: str = ""
+    request_id: str | None = None
+    preview: object = None  # the latest preview (a PIL image, or a list of frames for video)
+    result: Completed | None = None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in TERMINAL
+
+
+@dataclass(frozen=True)
+class NodeView:
+    state: str  # "idle" | "waiting" | "running" | "done" | "cancelled" | "error"
+    done: int  # branches of this node that ended
+    total: int
+
+
+@dataclass(frozen=True)
+class RunView:
+    """The run after a batch of events (an immutable snapshot)."""
+
+    run_id: str
+    state: str  # "running" | "completed" | "aborted" | "failed" | "partial"
+    done: int
+    total: int
+    branches: tuple[BranchView, ...]
+    nodes: dict[str, NodeView]
+    grids: dict[str, Image.Image] = field(default_factory=dict)
+
+    @property
+    def is_final(self) -> bool:
+        return self.state != RUNNING
+
+
+def node_state(branches: list[BranchView]) -> NodeView:
+    """A node's state from its branches: running while any is, then how they ended."""
+    if not branches:
+        return NodeView("idle", 0, 0)
+    states = [b.state for b in branches]
+    done = sum(state in TERMINAL for state in states)
+    if done < len(states):
+        active = any(state in (QUEUED, RUNNING) for state in states)
+        return NodeView(RUNNING if active else WAITING, done, len(states))
+    if FAILED in states:
+        return NodeView("error", done, len(states))
+    if ABORTED in states:
+        return NodeView("cancelled", done, len(states))
+    return NodeView("done", done, len(states))
+
+
+def _random_sampler_seeds(compiled: CompiledWorkflow) -> dict[str, int]:
+    """One random seed per sampler, shared by its branches that set none (X/Y cells differ only
+    in what was swept)."""
+    chooser = random.SystemRandom()
+    return {branch.sampler: chooser.randrange(_SEED_RANGE) for branch in compiled.branches}
+
+
+class WorkflowRun:
+    def __init__(self, engine: Engine, compiled: CompiledWorkflow, session_id: str, preview_every: int = 0) -> None:
+        self.engine = engine
+        self.compiled = compiled
+        self.session_id = session_id
+        self.run_id = uuid.uuid4().hex
+        seeds = _random_sampler_seeds(compiled)
+        problems, views = [], []
+        for branch in compiled.branches:
+            try:
+                params = engine.prepare_params(with_run_settings(branch, seeds[branch.sampler], preview_every))
+            except ValueError as exc:
+                problems.append(Problem(f"branch {branch.index} ({branch.label}): {exc}", branch.sampler))
+                continue
+            views.append(BranchView(branch, params, total=params.num_inference_steps))
+        if problems:
+            raise WorkflowError(problems)
+        # Written only on the run's event loop: each event replaces its branch's view.
+        self.branches: list[BranchView] = views
+        self._handles: dict[int, RequestHandle] = {}
+        self._next_to_submit = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._inbox: asyncio.Queue | None = None
+        self._lock = threading.Lock()  # cancels may come from other threads
+        self._cancel_requests: list[int | None] = []  # None = the whole run
+        self._grid_cache: dict[str, tuple[int, Image.Image]] = {}
+
+    # ------------------------------------------------------------------ control (any thread)
+    def cancel(self) -> None:
+        """Stop the whole run: waiting branches never start, the others stop at the next step boundary."""
+        self._request_cancel(None)
+
+    def cancel_branch(self, index: int) -> bool:
+        """Stop one branch; False when there is no such branch or it already ended."""
+        if not 0 <= index < len(self.branches) or self.branches[index].is_finished:
+            return False
+        self._request_cancel(index)
+        return True
+
+    def _request_cancel(self, index: int | None) -> None:
+        with self._lock:
+            self._cancel_requests.append(index)
+            loop, inbox = self._loop, self._inbox
+        if loop is not None and inbox is not None:
+            try:
+                loop.call_soon_threadsafe(inbox.put_nowait, ("wake", None))
+            except RuntimeError:  # the run's loop is closed: the run is over anyway
+                pass
+
+    # ------------------------------------------------------------------ the run (its event loop)
+    async def updates(self) -> AsyncIterator[RunView]:
+        """Submit the branches and yield a RunView after every batch of events, until every
+        branch ended. Closing this generator cancels whatever is still running."""
+        inbox: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            self._loop, self._inbox = asyncio.get_running_loop(), inbox
+        listeners: list[asyncio.Task] = []
+        try:
+            self._apply_cancels()
+            self._submit_more(inbox, listeners)
+            yield self.view()
+            while not all(b.is_finished for b in self.branches):
+                kind, payload = await inbox.get()
+                self._apply(kind, payload)
+                while not inbox.empty():  # one view for everything that happened in this step
+                    self._apply(*inbox.get_nowait())
+                self._apply_cancels()
+                self._submit_more(inbox, listeners)
+                yield self.view()
+        finally:
+            with self._lock:
+                self._loop = self._inbox = None
+            for index, handle in self._handles.items():
+                if not self.branches[index].is_finished:
+                    handle.cancel()  # non-blocking; a no-op for ended requests
+            for task in listeners:
+                task.cancel()
+
+    def _apply(self, kind: str, payload) -> None:
+        if kind == "event":
+            index, event = payload
+            self.branches[index] = self._after(self.branches[index], event)
+
+    def _apply_cancels(self) -> None:
+        with self._lock:
+            requests, self._cancel_requests = self._cancel_requests, []
+        for index in requests:
+            targets = range(len(self.branches)) if index is None else (index,)
+            for i in targets:
+                if self.branches[i].is_finished:
+                    continue
+                handle = self._handles.get(i)
+                if handle is None:  # still in the run's own queue: it never reaches the engine
+                    self.branches[i] = replace(self.branches[i], state=ABORTED, message="cancelled before it started")
+                else:
+                    handle.cancel()  # the engine's Aborted event ends it at the next step boundary
+
+    def _submit_more(self, inbox: asyncio.Queue, listeners: list[asyncio.Task]) -> None:
+        """Submit waiting branches in order until the engine refuses (this session's limit)."""
+        while self._next_to_submit < len(self.branches):
+            progress = self.branches[self._next_to_submit]
+            if progress.is_finished:  # cancelled while waiting
+                self._next_to_submit += 1
+                continue
+            try:
+                handle = self.engine.submit(progress.params, session_id=self.session_id)
+            except EngineClosedError as exc:
+                for i in range(self._next_to_submit, len(self.branches)):
+                    if not self.branches[i].is_finished:
+                        self.branches[i] = replace(self.branches[i], state=FAILED, message=str(exc))
+                return
+            except AdmissionError:
+                in_flight = any(self.branches[i].state in (QUEUED, RUNNING) for i in self._handles)
+                if not in_flight:  # nothing of ours will finish to make room: look again shortly
+                    asyncio.get_running_loop().call_later(RETRY_ADMISSION_S, inbox.put_nowait, ("wake", None))
+                return
+            except ValueError as exc:  # prepared and checked already; only a changed server gets here
+                self.branches[self._next_to_submit] = replace(progress, state=FAILED, message=str(exc))
+                self._next_to_submit += 1
+                continue
+            index = progress.branch.index
+            self._handles[index] = handle
+            self.branches[index] = replace(progress, request_id=handle.request_id, state=QUEUED)
+            listeners.append(asyncio.ensure_future(self._listen(index, handle, inbox)))
+            self._next_to_submit += 1
+
+    @staticmethod
+    async def _listen(index: int, handle: RequestHandle, inbox: asyncio.Queue) -> None:
+        async for event in handle.stream():
+            inbox.put_nowait(("event", (index, event)))
+
+    @staticmethod
+    def _after(view: BranchView, event) -> BranchView:
+        """The branch once `event` happened."""
+        if isinstance(event, Queued):
+            return replace(view, state=QUEUED, position=event.position)
+        if isinstance(event, Started):
+            return replace(view, state=RUNNING, position=None, batch_size=event.batch_size)
+        if isinstance(event, Progress):
+            return replace(view, state=RUNNING, position=None, step=event.step, total=event.total,
+                           batch_size=event.batch_size,
+                           preview=view.preview if event.preview is None else event.preview)
+        if isinstance(event, Completed):
+            return replace(view, state=COMPLETED, result=event, step=view.total)
+        if isinstance(event, Aborted):
+            return replace(view, state=ABORTED, message=event.reason)
+        if isinstance(event, Failed):
+            return replace(view, state=FAILED, message=event.message)
+        return view
+
+    # ------------------------------------------------------------------ views
+    def view(self) -> RunView:
+        nodes = {
+            node_id: node_state([self.branches[i] for i in indices])
+            for node_id, indices in self.compiled.node_branches.items()
+        }
+        states = [b.state for b in self.branches]
+        done = sum(state in TERMINAL for state in states)
+        if done < len(states):
+            state = RUNNING
+        elif all(s == COMPLETED for s in states):
+            state = COMPLETED
+        elif COMPLETED in states:
+            state = "partial"
+        else:
+            state = FAILED if FAILED in states else ABORTED
+        return RunView(self.run_id, state, done, len(states), tuple(self.branches), nodes, self._grids())
+
+    def _grids(self) -> dict[str, Image.Image]:
+        """Each grid, drawn again only when one of its branches ended since the last drawing."""
+        grids = {}
+        for layout in self.compiled.grids:
+            members = [i for row in layout.cells for i in row if i is not None]
+            finished = sum(self.branches[i].is_finished for i in members)
+            cached = self._grid_cache.get(layout.node_id)
+            if cached is None or cached[0] != finished:
+                images = {i: result_image(self.branches[i]) for i in members if self.branches[i].result}
+                states = {i: cell_word(self.branches[i]) for i in members}
+                cached = (finished, render_grid(layout, images, states))
+                self._grid_cache[layout.node_id] = cached
+            grids[layout.node_id] = cached[1]
+        return grids
+
+
+def result_image(progress: BranchView) -> Image.Image | None:
+    """The branch's finished image (for a video: its middle frame)."""
+    if progress.result is None:
+        return None
+    images = progress.result.images
+    return images[len(images) // 2] if progress.result.is_video else images[0]
+
+
+def cell_word(progress: BranchView) -> str:
+    """What an empty grid cell says (grids are drawn again only when a branch ends)."""
+    return progress.state if progress.is_finished else "in progress"

@@ -1,0 +1,368 @@
+"""The Workflow tab (a node editor) and the `/run_workflow` API, over the shared engine.
+
+The editor is a `gr.HTML` component: its value is the workflow JSON, kept current by the
+browser code in `studio/web/node_editor.js` (drawflow, vendored in `assets/vendor/drawflow`).
+Run fires the component's `submit` event; the handler compiles the workflow
+(`studio.workflow_compiler`), runs it (`studio.workflow_run`) and streams the run's state back
+into the editor's `run_state` prop, which the browser code draws on the nodes. The same run
+loop serves gradio_client callers through `/run_workflow`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import itertools
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator
+
+import gradio as gr
+from PIL import Image
+
+from engine import Engine
+from studio.bridge import preview_image, session_id_of
+from studio.config import StudioOptions
+from studio.workflow import Problem, WorkflowError, node_type_specs, parse_workflow
+from studio.workflow_compiler import DEFAULT_MAX_BRANCHES, CompiledWorkflow, WorkflowLimits, compile_workflow
+from studio.workflow_run import BranchView, RunView, WorkflowRun, result_image
+
+REPO = Path(__file__).resolve().parent.parent
+WEB_DIR = Path(__file__).resolve().parent / "web"
+VENDOR_DIR = REPO / "assets" / "vendor" / "drawflow"
+EXAMPLES_DIR = REPO / "assets" / "workflows"
+DEFAULT_EXAMPLE = "text-to-image"
+
+# The component's markup never changes (drawflow owns what is inside); a template that used
+# `value` or a prop would be re-rendered by Gradio and wipe the editor.
+EDITOR_TEMPLATE = '<div class="sse-root" data-editor="stepstudio"></div>'
+EDITOR_JS = "StepStudioEditor.mount(element, props, server, trigger, watch);"
+
+
+def load_examples(folder: Path = EXAMPLES_DIR) -> dict[str, dict]:
+    """The shipped workflows by name (file name without .json), each checked to parse."""
+    examples = {}
+    for path in sorted(folder.glob("*.json")):
+        workflow = parse_workflow(path.read_text())
+        examples[path.stem] = workflow.to_json()
+    return examples
+
+
+def workflow_limits(engine: Engine, config: StudioOptions) -> WorkflowLimits:
+    info, limits = engine.info, engine.limits
+    return WorkflowLimits(
+        max_branches=getattr(config, "max_branches", DEFAULT_MAX_BRANCHES),
+        max_steps=limits.max_steps,
+        max_size=limits.max_size,
+        size_multiple=max(info.size_multiple, 1),
+        schedulers=tuple(info.schedulers),
+        uses_negative_prompt=info.uses_negative_prompt,
+    )
+
+
+def compile_source(source: object, limits: WorkflowLimits) -> CompiledWorkflow:
+    """A workflow from the editor or an API caller: JSON text, or an already decoded object."""
+    if source is None or (isinstance(source, str) and not source.strip()):
+        raise WorkflowError([Problem("the workflow is empty: send its JSON (version, nodes, links).")])
+    return compile_workflow(parse_workflow(source), limits)
+
+
+def _model_field_defaults(engine: Engine) -> dict[str, dict]:
+    defaults = engine.info.defaults
+    return {
+        "size": {"width": defaults.width, "height": defaults.height},
+        "steps": {"steps": defaults.num_inference_steps},
+        "guidance": {"scale": defaults.guidance_scale},
+    }
+
+
+# ---------------------------------------------------------------------------- runs in flight
+class RunRegistry:
+    """The runs in flight, so a cancel (another event, or the API) can reach its run.
+    Only the session that started a run may cancel it."""
+
+    def __init__(self) -> None:
+        self._runs: dict[str, WorkflowRun] = {}
+        self._lock = threading.Lock()
+
+    def add(self, run: WorkflowRun) -> None:
+        with self._lock:
+            self._runs[run.run_id] = run
+
+    def remove(self, run: WorkflowRun) -> None:
+        with self._lock:
+            self._runs.pop(run.run_id, None)
+
+    def own(self, run_id: object, session_id: str) -> WorkflowRun | None:
+        """The caller's run, or None when it ended or never existed. PermissionError for another's."""
+        if not isinstance(run_id, str):
+            return None
+        with self._lock:
+            run = self._runs.get(run_id.strip())
+        if run is not None and run.session_id != session_id:
+            raise PermissionError("that run belongs to another session; it can't be cancelled from here.")
+        return run
+
+    def cancel(self, run_id: object, session_id: str, branch: int | None = None) -> dict:
+        run = self.own(run_id, session_id)
+        if run is None:
+            return {"run_id": run_id, "cancelled": False, "message": "no such run in flight (it may have ended)"}
+        if branch is None or branch < 0:
+            run.cancel()
+            return {"run_id": run.run_id, "cancelled": True, "message": "cancelling the run at the next step boundary"}
+        cancelled = run.cancel_branch(branch)
+        message = (f"cancelling branch {branch} at the next step boundary" if cancelled
+                   else f"branch {branch} is unknown or already ended")
+        return {"run_id": run.run_id, "cancelled": cancelled, "message": message}
+
+
+# ---------------------------------------------------------------------------- run state as JSON
+class RunStateEncoder:
+    """RunView -> the JSON the editor and API callers get. Images become data URLs, each
+    encoded once (previews as small JPEGs, results and grids as PNGs)."""
+
+    def __init__(self, preview_max_px: int) -> None:
+        self.preview_max_px = preview_max_px
+        self._urls: dict[int, tuple[object, str]] = {}
+        self._serial = itertools.count()
+
+    def _url(self, image: Image.Image | None, fmt: str) -> str | None:
+        if image is None:
+            return None
+        cached = self._urls.get(id(image))
+        if cached is not None and cached[0] is image:
+            return cached[1]
+        buffer = io.BytesIO()
+        image.convert("RGB").save(buffer, format=fmt, **({"quality": 85} if fmt == "JPEG" else {}))
+        url = f"data:image/{fmt.lower()};base64," + base64.b64encode(buffer.getvalue()).decode()
+        self._urls[id(image)] = (image, url)
+        return url
+
+    def _preview(self, progress: BranchView) -> str | None:
+        preview = progress.preview
+        if isinstance(preview, (list, tuple)):  # a video's frames: show the middle one
+            preview = preview[len(preview) // 2] if preview else None
+        if preview is None:
+            return None
+        small = preview_image(preview, self.preview_max_px)
+        return self._url(small, "JPEG")
+
+    def branch(self, progress: BranchView) -> dict:
+        params = progress.params
+        return {
+            "index": progress.branch.index,
+            "sampler": progress.branch.sampler,
+            "label": progress.branch.label,
+            "axes": {axis.input: axis.label for axis in progress.branch.axes},
+            "state": progress.state,
+            "step": progress.step,
+            "total": progress.total,
+            "position": progress.position,
+            "batch_size": progress.batch_size,
+            "seed": params.seed,
+            "prompt": params.prompt,
+            "guidance_scale": params.guidance_scale,
+            "num_inference_steps": params.num_inference_steps,
+            "size": f"{params.width}x{params.height}",
+            "request_id": progress.request_id,
+            "message": progress.message,
+            "preview": self._preview(progress),
+            "image": self._url(result_image(progress), "PNG"),
+        }
+
+    def state(self, view: RunView, compiled: CompiledWorkflow) -> dict:
+        return {
+            "serial": next(self._serial),  # always a new value, so the browser's watch fires
+            "run_id": view.run_id,
+            "state": view.state,
+            "done": view.done,
+            "total": view.total,
+            "steps_done": sum(b.step for b in view.branches),
+            "total_steps": sum(b.total for b in view.branches),
+            "branches": [self.branch(b) for b in view.branches],
+            "nodes": {
+                node_id: {"state": node.state, "done": node.done, "total": node.total,
+                          "branches": list(compiled.node_branches.get(node_id, ()))}
+                for node_id, node in view.nodes.items()
+            },
+            "grids": {node_id: self._url(image, "PNG") for node_id, image in view.grids.items()},
+        }
+
+
+def invalid_state(error: WorkflowError) -> dict:
+    return {"serial": id(error), "state": "invalid", "problems": error.as_dicts()}
+
+
+def results_gallery(view: RunView) -> list[tuple[Image.Image, str]]:
+    """Finished branches as (image, caption), grids first."""
+    items = [(image, f"grid {node_id}") for node_id, image in view.grids.items()]
+    for progress in view.branches:
+        image = result_image(progress)
+        if image is not None:
+            items.append((image, f"{progress.branch.label} · seed {progress.params.seed}"))
+    return items
+
+
+@dataclass
+class WorkflowRunner:
+    """Compile, register and run one workflow for one session (the UI and the API share it)."""
+
+    engine: Engine
+    config: StudioOptions
+    registry: RunRegistry
+
+    def start(self, source: object, session_id: str) -> tuple[WorkflowRun, CompiledWorkflow]:
+        """Raises WorkflowError naming every problem; nothing is submitted then."""
+        compiled = compile_source(source, workflow_limits(self.engine, self.config))
+        run = WorkflowRun(self.engine, compiled, session_id, self.config.preview_every)
+        return run, compiled
+
+    async def follow(self, run: WorkflowRun) -> AsyncIterator[RunView]:
+        self.registry.add(run)
+        updates = run.updates()
+        try:
+            async with contextlib.aclosing(updates):
+                async for view in updates:
+                    yield view
+        finally:
+            self.registry.remove(run)
+
+
+# ---------------------------------------------------------------------------- the tab
+@dataclass(frozen=True)
+class WorkflowTab:
+    editor: gr.HTML
+    results: gr.Gallery
+
+
+def _static_url(path: Path) -> str:
+    version = int(path.stat().st_mtime)
+    return f"gradio_api/file={path}?v={version}"
+
+
+def editor_head() -> str:
+    gr.set_static_paths([str(WEB_DIR), str(VENDOR_DIR)])
+    return (
+        f'<link rel="stylesheet" href="{_static_url(VENDOR_DIR / "drawflow.min.css")}">'
+        f'<script src="{_static_url(VENDOR_DIR / "drawflow.min.js")}"></script>'
+        f'<link rel="stylesheet" href="{_static_url(WEB_DIR / "node_editor.css")}">'
+        f'<script src="{_static_url(WEB_DIR / "node_editor.js")}"></script>'
+    )
+
+
+def build_workflow_tab(engine: Engine, config: StudioOptions, registry: RunRegistry) -> WorkflowTab:
+    examples = load_examples()
+    default = examples.get(DEFAULT_EXAMPLE) or next(iter(examples.values()), {"version": 1, "nodes": [], "links": []})
+
+    def cancel_run(data: dict, request: gr.Request) -> dict:
+        data = data if isinstance(data, dict) else {}
+        try:
+            return registry.cancel(data.get("run_id"), session_id_of(request))
+        except PermissionError as exc:
+            return {"cancelled": False, "message": str(exc)}
+
+    def cancel_branch(data: dict, request: gr.Request) -> dict:
+        data = data if isinstance(data, dict) else {}
+        index = data.get("index")
+        if isinstance(index, bool) or not isinstance(index, int):
+            return {"cancelled": False, "message": f"index must be a branch number, got {index!r:.20}"}
+        try:
+            return registry.cancel(data.get("run_id"), session_id_of(request), branch=index)
+        except PermissionError as exc:
+            return {"cancelled": False, "message": str(exc)}
+
+    gr.Markdown(
+        "Build a workflow from nodes: drag them from the palette, link outputs to inputs of the same "
+        "colour, edit values on the nodes, then **Run**. Every branch of a Sampler (each combination of "
+        "its inputs' values) is one engine request; branches and other people's requests share each "
+        "denoise forward. Delete: select and press Del, or ×. Pan: drag the canvas; zoom: Ctrl+wheel.",
+        elem_id="ss-workflow-help",
+    )
+    editor = gr.HTML(
+        value=json.dumps(default),
+        html_template=EDITOR_TEMPLATE,
+        js_on_load=EDITOR_JS,
+        head=editor_head(),
+        elem_id="ss-node-editor",
+        server_functions=[cancel_run, cancel_branch],
+        node_types=node_type_specs(_model_field_defaults(engine)),
+        examples=examples,
+        default_example=DEFAULT_EXAMPLE,
+        schedulers=list(engine.info.schedulers),
+        run_state=None,
+    )
+    results = gr.Gallery(label="Run results (grids first)", columns=8, height=220, object_fit="contain",
+                         format="png", preview=False, allow_preview=True, elem_id="ss-workflow-results")
+    return WorkflowTab(editor, results)
+
+
+def wire_workflow_tab(runner: WorkflowRunner, tab: WorkflowTab) -> None:
+    async def run(workflow: str, request: gr.Request):
+        encoder = RunStateEncoder(runner.config.preview_max_px)
+        try:
+            started, compiled = runner.start(workflow, session_id_of(request))
+        except WorkflowError as exc:
+            yield {tab.editor: gr.update(run_state=invalid_state(exc))}
+            raise gr.Error(str(exc), title="Workflow not run") from exc
+        finished_seen = -1
+        async for view in runner.follow(started):
+            outputs: dict = {tab.editor: gr.update(run_state=encoder.state(view, compiled))}
+            finished = sum(b.result is not None for b in view.branches)
+            if finished != finished_seen or view.is_final:
+                finished_seen = finished
+                outputs[tab.results] = results_gallery(view)
+            yield outputs
+
+    tab.editor.submit(run, inputs=tab.editor, outputs=[tab.editor, tab.results], concurrency_limit=None,
+                      api_name="ui_run_workflow", api_visibility="private", show_progress="hidden")
+
+
+# ---------------------------------------------------------------------------- the API
+def wire_workflow_api(runner: WorkflowRunner) -> None:
+    """`/run_workflow` (streams status, returns images and grids) and `/cancel_workflow`."""
+    with gr.Column(visible=False):
+        trigger = gr.Button("api-run-workflow")
+        workflow = gr.JSON(label="workflow")
+        status = gr.JSON(label="status")
+        images = gr.Gallery(label="images", format="png")
+        grids = gr.Gallery(label="grids", format="png")
+
+    async def run_workflow(workflow: dict | str, request: gr.Request):
+        """Run a workflow (JSON object or text; see the README). Streams (status, images, grids):
+        status has run_id, state, done/total and every branch's state, step, total, seed and
+        preview (a data URL); images and grids fill in as branches finish.
+        Cancel with /cancel_workflow and the run_id."""
+        encoder = RunStateEncoder(runner.config.preview_max_px)
+        try:
+            started, compiled = runner.start(workflow, session_id_of(request))
+        except WorkflowError as exc:
+            raise gr.Error(str(exc), title="Workflow not run") from exc
+        finished_seen = -1
+        async for view in runner.follow(started):
+            finished = sum(b.result is not None for b in view.branches)
+            changed = finished != finished_seen or view.is_final
+            finished_seen = finished
+            yield {
+                status: encoder.state(view, compiled),
+                images: [(result_image(b), b.branch.label) for b in view.branches if b.result] if changed else gr.skip(),
+                grids: [(image, f"grid {node_id}") for node_id, image in view.grids.items()] if changed else gr.skip(),
+            }
+
+    trigger.click(run_workflow, inputs=workflow, outputs=[status, images, grids], api_name="run_workflow",
+                  concurrency_limit=None)
+
+    def cancel_workflow(run_id: str, branch: int = -1, request: gr.Request = None) -> dict:
+        """Cancel one of YOUR workflow runs by its run_id (from /run_workflow's status), or only
+        its branch number `branch` (-1: the whole run). It stops at the next step boundary."""
+        if isinstance(branch, bool) or not isinstance(branch, (int, float)) or branch != int(branch):
+            raise gr.Error(f"branch must be a whole number (-1 for the whole run), got {branch!r:.20}.")
+        try:
+            return runner.registry.cancel(run_id, session_id_of(request), branch=int(branch))
+        except PermissionError as exc:
+            raise gr.Error(str(exc), title="Not your run") from exc
+
+    gr.api(cancel_workflow, api_name="cancel_workflow", queue=False)
+

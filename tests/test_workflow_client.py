@@ -1,0 +1,180 @@
+"""`/run_workflow` and `/cancel_workflow` driven by real gradio_client clients against a live studio.
+
+The toy pipeline (a small per-forward delay so runs overlap) behind one engine, wired as
+`python app.py --model toy` does; every shipped example workflow must run as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+from PIL import Image
+
+from engine import Engine
+from pipelines.toy import ToyPipeline
+from studio.config import StudioOptions
+from studio.server import StudioServer, build_app
+from studio.workflow_ui import EXAMPLES_DIR
+
+STEP_DELAY_S = 0.02
+
+
+@pytest.fixture(scope="module")
+def studio():
+    pipeline = ToyPipeline(step_delay_s=STEP_DELAY_S)
+    config = StudioOptions(model="toy", port=0, preview_every=2, max_size=256, max_steps=60, max_per_session=8)
+    engine = Engine(pipeline, mode=config.mode, max_batch=config.max_batch, limits=config.limits).start()
+    server = StudioServer(build_app(engine, config), "127.0.0.1", 0).start()
+    yield server, engine, pipeline
+    server.stop()
+    engine.close()
+
+
+@pytest.fixture
+def client(studio):
+    return Client(studio[0].url, verbose=False)
+
+
+def xy_workflow(steps: str = "30, 40", guidance: str = "1, 2") -> dict:
+    link = lambda a, ap, b, bp: {"from": {"node": a, "port": ap}, "to": {"node": b, "port": bp}}  # noqa: E731
+    return {
+        "version": 1,
+        "nodes": [
+            {"id": "p", "type": "prompt", "values": {"text": "a red circle"}},
+            {"id": "g", "type": "sweep", "values": {"param": "guidance", "values": guidance}},
+            {"id": "t", "type": "sweep", "values": {"param": "steps", "values": steps}},
+            {"id": "s", "type": "sampler"},
+            {"id": "grid", "type": "grid", "values": {"x": "guidance", "y": "steps"}},
+        ],
+        "links": [link("p", "prompt", "s", "prompt"), link("g", "values", "s", "guidance"),
+                  link("t", "values", "s", "steps"), link("s", "images", "grid", "images")],
+    }
+
+
+def wait_for(predicate, timeout_s: float = 20.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def statuses(job) -> list[dict]:
+    return [output[0] for output in job.outputs() if isinstance(output[0], dict)]
+
+
+def test_the_api_page_lists_the_workflow_endpoints(client):
+    endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert {"/run_workflow", "/cancel_workflow"} <= set(endpoints)
+    assert [p["parameter_name"] for p in endpoints["/cancel_workflow"]["parameters"]] == ["run_id", "branch"]
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES_DIR.glob("*.json")), ids=lambda p: p.stem)
+def test_every_shipped_example_runs(client, studio, path: Path):
+    workflow = json.loads(path.read_text())
+    expected = {"text-to-image": (1, 0), "seed-batch-2x2": (4, 1), "guidance-steps-xy": (9, 1)}[path.stem]
+    job = client.submit(workflow=workflow, api_name="/run_workflow")
+    status, images, grids = job.result(timeout=60)
+    assert status["state"] == "completed"
+    assert (status["done"], status["total"]) == (expected[0], expected[0])
+    assert [b["state"] for b in status["branches"]] == ["completed"] * expected[0]
+    assert all(b["step"] == b["total"] == b["num_inference_steps"] for b in status["branches"])
+    assert len(images) == expected[0] and len(grids) == expected[1]
+    for item in images:
+        assert Image.open(item["image"]).size == (64, 64)
+    assert {n["state"] for n in status["nodes"].values()} == {"done"}
+    # The stream carried each branch's progress and live previews before the end.
+    streamed = statuses(job)
+    assert any(s["state"] == "running" and any(b["preview"] for b in s["branches"]) for s in streamed)
+    assert studio[1].snapshot().requests == ()
+
+
+def test_a_workflow_may_be_sent_as_json_text(client):
+    status, images, _ = client.predict(workflow=json.dumps(xy_workflow(steps="3", guidance="1")),
+                                       api_name="/run_workflow")
+    assert status["state"] == "completed" and len(images) == 1
+
+
+def test_the_xy_grid_has_one_cell_per_branch(client):
+    status, images, grids = client.predict(workflow=xy_workflow(steps="4, 6", guidance="1, 2, 3"),
+                                           api_name="/run_workflow")
+    assert status["total"] == 6 and len(images) == 6
+    grid = Image.open(grids[0]["image"])
+    # 3 columns and 2 rows of 128 px cells (64 px images enlarged 2x), with labels around them.
+    assert grid.width > 3 * 128 and grid.height > 2 * 128 and grid.width < 4 * 128 + 200
+
+
+def test_cancel_the_whole_run(client, studio):
+    engine = studio[1]
+    job = client.submit(workflow=xy_workflow(steps="50, 60"), api_name="/run_workflow")
+    running = wait_for(lambda: next((s for s in statuses(job) if s["state"] == "running"
+                                     and all(b["step"] >= 1 for b in s["branches"])), None), what="all branches running")
+    answer = client.predict(running["run_id"], -1, api_name="/cancel_workflow")
+    assert answer["cancelled"] is True
+    status, images, grids = job.result(timeout=30)
+    assert status["state"] == "aborted" and [b["state"] for b in status["branches"]] == ["aborted"] * 4
+    assert all(b["step"] < b["total"] for b in status["branches"])
+    assert images == []
+    wait_for(lambda: engine.snapshot().requests == (), what="the engine to be empty")
+
+
+def test_cancel_one_branch_and_the_others_finish(client):
+    job = client.submit(workflow=xy_workflow(steps="20, 30"), api_name="/run_workflow")
+    running = wait_for(lambda: next((s for s in statuses(job) if s["state"] == "running"
+                                     and s["branches"][3]["step"] >= 1), None), what="branch 3 running")
+    answer = client.predict(running["run_id"], 3, api_name="/cancel_workflow")
+    assert answer == {"run_id": running["run_id"], "cancelled": True,
+                      "message": "cancelling branch 3 at the next step boundary"}
+    status, images, _ = job.result(timeout=30)
+    assert [b["state"] for b in status["branches"]] == ["completed", "completed", "completed", "aborted"]
+    assert status["state"] == "partial" and len(images) == 3
+
+
+def test_another_session_cannot_cancel_my_run(client, studio):
+    job = client.submit(workflow=xy_workflow(steps="30, 40"), api_name="/run_workflow")
+    running = wait_for(lambda: next((s for s in statuses(job) if s["state"] == "running"), None), what="running")
+    stranger = Client(studio[0].url, verbose=False)
+    with pytest.raises(AppError, match="belongs to another session"):
+        stranger.predict(running["run_id"], -1, api_name="/cancel_workflow")
+    assert job.result(timeout=30)[0]["state"] == "completed"
+
+
+BAD_WORKFLOWS = {
+    "malformed JSON": ("{nodes: [", "not valid JSON"),
+    "a 2 MB workflow": ("x" * (2 * 1024 * 1024), "at most 262144 are allowed"),
+    "10,000 nodes": ({"version": 1, "nodes": [{"id": str(i), "type": "prompt"} for i in range(10_000)], "links": []},
+                     "at most 200 nodes"),
+    "a branch explosion": ({"version": 1, "nodes": [
+        {"id": "p", "type": "prompt_list", "values": {"prompts": "\n".join(f"p{i}" for i in range(100))}},
+        {"id": "b", "type": "seed_batch", "values": {"start": 0, "count": 100}}, {"id": "s", "type": "sampler"}],
+        "links": [{"from": {"node": "p", "port": "prompt"}, "to": {"node": "s", "port": "prompt"}},
+                  {"from": {"node": "b", "port": "seed"}, "to": {"node": "s", "port": "seed"}}]},
+        "makes 10000 branches"),
+    "an unknown node type": ({"version": 1, "nodes": [{"id": "1", "type": "upscaler"}], "links": []},
+                             "unknown node type 'upscaler'"),
+    "a link to a missing node": ({"version": 1, "nodes": [{"id": "s", "type": "sampler"}], "links": [
+        {"from": {"node": "ghost", "port": "prompt"}, "to": {"node": "s", "port": "prompt"}}]}, "does not exist"),
+    "a link to a missing port": ({"version": 1, "nodes": [{"id": "p", "type": "prompt", "values": {"text": "a"}},
+                                                          {"id": "s", "type": "sampler"}], "links": [
+        {"from": {"node": "p", "port": "prompt"}, "to": {"node": "s", "port": "colour"}}]}, "has no input 'colour'"),
+    "an empty body": ("", "the workflow is empty"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_WORKFLOWS))
+def test_bad_workflows_get_a_clear_error_and_the_engine_keeps_serving(client, studio, name):
+    engine, pipeline = studio[1], studio[2]
+    workflow, message = BAD_WORKFLOWS[name]
+    encoded_before = len(pipeline.encoded)
+    with pytest.raises(AppError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        client.predict(workflow=workflow, api_name="/run_workflow")
+    assert len(pipeline.encoded) == encoded_before  # nothing was submitted
+    status, images, _ = client.predict(workflow=xy_workflow(steps="2", guidance="1"), api_name="/run_workflow")
+    assert status["state"] == "completed" and engine.is_alive

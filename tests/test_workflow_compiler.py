@@ -1,0 +1,270 @@
+"""The workflow format and compiler on their own: fan-out products, every error kind, limits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from studio.workflow import MAX_NODES, MAX_WORKFLOW_BYTES, WorkflowError, node_type_specs, parse_workflow
+from studio.workflow_compiler import WorkflowLimits, compile_workflow, with_run_settings
+
+LIMITS = WorkflowLimits(max_branches=64, max_steps=100, max_size=256, size_multiple=16,
+                        schedulers=("euler", "ddim"), uses_negative_prompt=True)
+
+
+def node(node_id, node_type, **values):
+    return {"id": node_id, "type": node_type, "values": values, "position": [0, 0]}
+
+
+def link(source, source_port, target, target_port):
+    return {"from": {"node": source, "port": source_port}, "to": {"node": target, "port": target_port}}
+
+
+def workflow(nodes, links):
+    return {"version": 1, "nodes": nodes, "links": links}
+
+
+def compiled(nodes, links, limits=LIMITS):
+    return compile_workflow(parse_workflow(workflow(nodes, links)), limits)
+
+
+def problems(nodes, links, limits=LIMITS, source=None):
+    with pytest.raises(WorkflowError) as caught:
+        compile_workflow(parse_workflow(source if source is not None else workflow(nodes, links)), limits)
+    return [(p.node_id, p.port, p.message) for p in caught.value.problems]
+
+
+PROMPT = node("p", "prompt", text="a red circle")
+SAMPLER = node("s", "sampler")
+TO_SAMPLER = link("p", "prompt", "s", "prompt")
+
+
+# ---------------------------------------------------------------------------- products
+def test_a_single_prompt_makes_one_branch_with_model_defaults():
+    result = compiled([PROMPT, SAMPLER], [TO_SAMPLER])
+    assert len(result.branches) == 1
+    params = result.branches[0].params
+    assert params.prompt == "a red circle"
+    assert (params.width, params.height, params.num_inference_steps, params.guidance_scale, params.seed) == (
+        None, None, None, None, None)
+    assert result.branches[0].axes == ()
+
+
+def test_fan_outs_multiply_in_input_order():
+    nodes = [
+        node("pl", "prompt_list", prompts="a red circle\n\n  a blue square  \n"),
+        node("sb", "seed_batch", start=10, count=3),
+        node("g", "sweep", param="guidance", values="1, 2.5"),
+        SAMPLER,
+    ]
+    links = [link("pl", "prompt", "s", "prompt"), link("sb", "seed", "s", "seed"), link("g", "values", "s", "guidance")]
+    result = compiled(nodes, links)
+    combos = [(b.params.prompt, b.params.seed, b.params.guidance_scale) for b in result.branches]
+    assert combos == [
+        (prompt, seed, guidance)
+        for prompt in ("a red circle", "a blue square")
+        for seed in (10, 11, 12)
+        for guidance in (1.0, 2.5)
+    ]
+    assert [a.input for a in result.branches[0].axes] == ["prompt", "seed", "guidance"]
+    assert result.branches[5].label == "prompt a red circle, seed 12, guidance 2.5"
+    assert result.node_branches["sb"] == tuple(range(12))
+
+
+def test_every_sweepable_setting_parses_its_values():
+    nodes = [PROMPT, SAMPLER,
+             node("a", "sweep", param="steps", values="4,8"),
+             node("b", "sweep", param="size", values="64x32, 128X128"),
+             node("c", "sweep", param="scheduler", values="euler, default"),
+             node("d", "sweep", param="seed", values="5, -1")]
+    links = [TO_SAMPLER, link("a", "values", "s", "steps"), link("b", "values", "s", "size"),
+             link("c", "values", "s", "scheduler"), link("d", "values", "s", "seed")]
+    result = compiled(nodes, links)
+    assert len(result.branches) == 16
+    first, last = result.branches[0].params, result.branches[-1].params
+    assert (first.width, first.height, first.num_inference_steps, first.scheduler, first.seed) == (64, 32, 4, "euler", 5)
+    assert (last.width, last.height, last.num_inference_steps, last.scheduler, last.seed) == (128, 128, 8, None, None)
+
+
+def test_random_seed_is_shared_by_a_samplers_branches_and_explicit_seeds_stay():
+    nodes = [PROMPT, SAMPLER, node("g", "sweep", param="guidance", values="1, 3")]
+    result = compiled(nodes, [TO_SAMPLER, link("g", "values", "s", "guidance")])
+    seeds = {with_run_settings(b, seed=77, preview_every=2).seed for b in result.branches}
+    assert seeds == {77}
+    assert with_run_settings(result.branches[0], seed=77, preview_every=2).preview_every == 2
+    fixed = compiled([PROMPT, SAMPLER, node("d", "seed", seed="12")], [TO_SAMPLER, link("d", "seed", "s", "seed")])
+    assert with_run_settings(fixed.branches[0], seed=77, preview_every=0).seed == 12
+
+
+def test_two_samplers_share_a_prompt_and_each_output_sees_its_own_branches():
+    nodes = [PROMPT, SAMPLER, node("s2", "sampler"), node("b", "seed_batch", start=0, count=2),
+             node("out1", "image_output"), node("out2", "live_preview")]
+    links = [TO_SAMPLER, link("p", "prompt", "s2", "prompt"), link("b", "seed", "s2", "seed"),
+             link("s", "images", "out1", "images"), link("s2", "images", "out2", "images")]
+    result = compiled(nodes, links)
+    assert [b.sampler for b in result.branches] == ["s", "s2", "s2"]
+    assert result.node_branches["p"] == (0, 1, 2)
+    assert result.node_branches["out1"] == (0,)
+    assert result.node_branches["out2"] == (1, 2)
+
+
+def test_grid_layout_labels_axes_with_the_swept_values():
+    nodes = [PROMPT, SAMPLER, node("g", "sweep", param="guidance", values="1, 3, 5"),
+             node("t", "sweep", param="steps", values="10, 20"), node("grid", "grid", x="guidance", y="steps")]
+    links = [TO_SAMPLER, link("g", "values", "s", "guidance"), link("t", "values", "s", "steps"),
+             link("s", "images", "grid", "images")]
+    result = compiled(nodes, links)
+    (grid,) = result.grids
+    assert (grid.x_axis, grid.y_axis) == ("guidance", "steps")
+    assert grid.columns == ("1", "3", "5") and grid.rows == ("10", "20")
+    for row, steps in enumerate((10, 20)):
+        for col, guidance in enumerate((1.0, 3.0, 5.0)):
+            params = result.branches[grid.cells[row][col]].params
+            assert (params.num_inference_steps, params.guidance_scale) == (steps, guidance)
+
+
+def test_grid_auto_axes_and_a_third_fan_out_joins_the_rows():
+    nodes = [node("pl", "prompt_list", prompts="a\nb"), SAMPLER, node("b", "seed_batch", start=1, count=2),
+             node("g", "sweep", param="guidance", values="1, 2"), node("grid", "grid")]
+    links = [link("pl", "prompt", "s", "prompt"), link("b", "seed", "s", "seed"), link("g", "values", "s", "guidance"),
+             link("s", "images", "grid", "images")]
+    (grid,) = compiled(nodes, links).grids
+    assert grid.x_axis == "prompt" and grid.y_axis == "seed · guidance"
+    assert grid.columns == ("a", "b") and grid.rows == ("1 · 1", "1 · 2", "2 · 1", "2 · 2")
+    assert sorted(i for row in grid.cells for i in row) == list(range(8))
+
+
+# ---------------------------------------------------------------------------- errors name node and port
+def test_malformed_json_too_large_and_wrong_version():
+    assert "not valid JSON" in problems(None, None, source="{nodes: [")[0][2]
+    assert f"at most {MAX_WORKFLOW_BYTES}" in problems(None, None, source="x" * (2 * 1024 * 1024))[0][2]
+    assert "version=2 is not supported" in problems(None, None, source={"version": 2, "nodes": [], "links": []})[0][2]
+    assert "JSON object" in problems(None, None, source="[1, 2]")[0][2]
+
+
+def test_ten_thousand_nodes_are_refused_before_any_is_read():
+    many = workflow([node(str(i), "prompt", text="x") for i in range(10_000)], [])
+    text = json.dumps(many)
+    assert len(text) > MAX_WORKFLOW_BYTES  # refused by size first...
+    assert "bytes" in problems(None, None, source=text)[0][2]
+    (only,) = problems(None, None, source=many)  # ...and by count when already decoded
+    assert f"at most {MAX_NODES} nodes" in only[2]
+
+
+def test_unknown_node_type_and_links_to_missing_nodes_or_ports():
+    found = problems([PROMPT, SAMPLER, node("x", "upscaler")],
+                     [link("p", "prompt", "s", "prompt"), link("ghost", "prompt", "s", "seed"),
+                      link("p", "text", "s", "steps"), link("p", "prompt", "s", "colour")])
+    assert ("x", None) == found[0][:2] and "unknown node type 'upscaler'" in found[0][2]
+    assert "node 'ghost', which does not exist" in found[1][2]
+    assert found[2][:2] == ("p", "text") and "has no output 'text'" in found[2][2]
+    assert found[3][:2] == ("s", "colour") and "has no input 'colour'" in found[3][2]
+
+
+def test_wrong_type_on_a_link_names_both_ends():
+    found = problems([PROMPT, SAMPLER, node("t", "steps", steps=10)],
+                     [TO_SAMPLER, link("t", "steps", "s", "guidance")])
+    assert found == [("s", "guidance", "gets 'steps' from node t (Steps) but takes 'guidance'.")]
+
+
+def test_a_sweep_outputs_the_type_it_varies():
+    found = problems([PROMPT, SAMPLER, node("w", "sweep", param="steps", values="1, 2")],
+                     [TO_SAMPLER, link("w", "values", "s", "seed")])
+    assert found[0][:2] == ("s", "seed") and "gets 'steps'" in found[0][2]
+
+
+def test_missing_required_input_and_no_sampler():
+    found = problems([SAMPLER, node("o", "image_output")], [])
+    assert ("s", "prompt") in [f[:2] for f in found]
+    assert ("o", "images") in [f[:2] for f in found]
+    assert "no Sampler node" in problems([PROMPT], [])[0][2]
+
+
+def test_an_input_takes_one_link():
+    found = problems([PROMPT, node("p2", "prompt", text="b"), SAMPLER],
+                     [TO_SAMPLER, link("p2", "prompt", "s", "prompt")])
+    assert found == [("s", "prompt", "this input has more than one link; an input takes one.")]
+
+
+def test_cycles_are_found():
+    nodes = [PROMPT, SAMPLER, node("s2", "sampler")]
+    # Types aside, a loop of links is reported as a cycle before anything else.
+    found = problems(nodes, [TO_SAMPLER, link("s", "images", "s2", "prompt"), link("s2", "images", "s", "seed")])
+    assert len(found) == 1 and "cycle" in found[0][2] and found[0][0] in ("s", "s2")
+
+
+def test_values_outside_the_models_limits():
+    nodes = [PROMPT, SAMPLER, node("t", "steps", steps=500), node("z", "size", width=100, height=512),
+             node("c", "scheduler", name="dpm++"), node("g", "guidance", scale="lots")]
+    links = [TO_SAMPLER, link("t", "steps", "s", "steps"), link("z", "size", "s", "size"),
+             link("c", "scheduler", "s", "scheduler"), link("g", "guidance", "s", "guidance")]
+    found = {(f[0], f[1]): f[2] for f in problems(nodes, links)}
+    assert found[("t", "steps")] == "500 is out of range for this server: allowed is 1..100."
+    assert found[("z", "width")] == "100 is not a multiple of 16 (e.g. 96 or 112)."
+    assert found[("z", "height")] == "512 is out of range for this model and server: allowed is 16..256."
+    assert "not a scheduler this model offers; allowed are: euler, ddim" in found[("c", "name")]
+    assert found[("g", "scale")] == "'lots' is not a number."
+
+
+def test_negative_prompt_refused_for_a_model_without_one():
+    limits = WorkflowLimits(uses_negative_prompt=False)
+    found = problems([PROMPT, SAMPLER, node("n", "negative_prompt", text="blurry")],
+                     [TO_SAMPLER, link("n", "negative_prompt", "s", "negative_prompt")], limits=limits)
+    assert found == [("s", "negative_prompt", "this model takes no negative prompt: remove the link.")]
+
+
+def test_branch_explosion_is_refused_without_expanding():
+    nodes = [node("pl", "prompt_list", prompts="\n".join(f"p{i}" for i in range(200))), SAMPLER,
+             node("b", "seed_batch", start=0, count=200), node("g", "sweep", param="guidance", values=",".join("1" * 200))]
+    links = [link("pl", "prompt", "s", "prompt"), link("b", "seed", "s", "seed"), link("g", "values", "s", "guidance")]
+    found = problems(nodes, links)
+    assert found == [("s", None, "makes 8000000 branches; with the other samplers the run would make 8000000, "
+                                 "more than the limit of 64 (--max-branches).")]
+    at_limit = [PROMPT, SAMPLER, node("b", "seed_batch", start=0, count=64)]
+    at_limit_links = [TO_SAMPLER, link("b", "seed", "s", "seed")]
+    assert len(compiled(at_limit, at_limit_links).branches) == 64
+    assert "limit of 63" in problems(at_limit, at_limit_links, limits=WorkflowLimits(max_branches=63))[0][2]
+
+
+def test_every_problem_is_reported_at_once():
+    nodes = [node("p", "prompt", text="   "), SAMPLER, node("t", "steps", steps=0), node("b", "seed_batch", count=0)]
+    links = [TO_SAMPLER, link("t", "steps", "s", "steps"), link("b", "seed", "s", "seed")]
+    found = problems(nodes, links)
+    assert {(f[0], f[1]) for f in found} == {("p", "text"), ("t", "steps"), ("b", "count")}
+
+
+def test_grid_axis_that_is_not_swept():
+    found = problems([PROMPT, SAMPLER, node("grid", "grid", x="steps")],
+                     [TO_SAMPLER, link("s", "images", "grid", "images")])
+    assert found[0][:2] == ("grid", "x") and "'steps' is not swept by sampler s" in found[0][2]
+
+
+# ---------------------------------------------------------------------------- the format
+def test_round_trip_and_integer_ids():
+    source = workflow([{"id": 1, "type": "prompt", "values": {"text": "a"}, "position": [5, 6]},
+                       {"id": 2, "type": "sampler"}], [link(1, "prompt", 2, "prompt")])
+    parsed = parse_workflow(json.dumps(source))
+    again = parse_workflow(parsed.to_json())
+    assert again == parsed
+    assert parsed.nodes["1"].position == (5.0, 6.0)
+    assert parsed.nodes["2"].values == {}
+
+
+def test_node_type_specs_describe_ports_fields_and_model_defaults():
+    specs = {spec["name"]: spec for spec in node_type_specs({"steps": {"steps": 28}})}
+    assert [p["name"] for p in specs["sampler"]["inputs"]] == [
+        "prompt", "negative_prompt", "seed", "size", "steps", "guidance", "scheduler"]
+    assert specs["sampler"]["inputs"][0]["required"] is True
+    assert specs["sweep"]["outputs"] == [{"name": "values", "type": None}]
+    assert specs["steps"]["fields"][0]["default"] == 28
+    assert specs["seed"]["fields"][0]["default"] == -1
+
+
+def test_the_compiler_imports_neither_gradio_nor_torch():
+    code = ("import sys; import studio.workflow_compiler, studio.workflow; "
+            "print(sorted(m for m in ('torch', 'gradio', 'diffusers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,220 @@
+"""Workflow runs on a real engine with the toy pipeline: shared forwards, limits, cancels, failures.
+
+The toy pipeline logs the request ids of every forward, so "the branches shared a forward" is
+checked on that log, and its images depend only on each request's own parameters, so every
+branch must equal the same request run alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from engine import Engine, GenerationParams, ServingLimits
+from pipelines.toy import ToyPipeline
+from studio.workflow import WorkflowError, parse_workflow
+from studio.workflow_compiler import WorkflowLimits, compile_workflow
+from studio.workflow_run import WorkflowRun
+from tests.engine_helpers import StepGate, solo_pixels
+
+STEPS = 6
+
+
+def link(source, source_port, target, target_port):
+    return {"from": {"node": source, "port": source_port}, "to": {"node": target, "port": target_port}}
+
+
+def seed_by_guidance(seeds=(3, 4), guidance="1, 2", prompt="a red circle", steps=STEPS) -> dict:
+    """Prompt + Seed batch x Guidance sweep -> Sampler -> Grid."""
+    return {
+        "version": 1,
+        "nodes": [
+            {"id": "p", "type": "prompt", "values": {"text": prompt}},
+            {"id": "b", "type": "seed_batch", "values": {"start": seeds[0], "count": len(seeds)}},
+            {"id": "g", "type": "sweep", "values": {"param": "guidance", "values": guidance}},
+            {"id": "t", "type": "steps", "values": {"steps": steps}},
+            {"id": "s", "type": "sampler", "values": {}},
+            {"id": "grid", "type": "grid", "values": {"x": "guidance", "y": "seed"}},
+        ],
+        "links": [link("p", "prompt", "s", "prompt"), link("b", "seed", "s", "seed"), link("g", "values", "s", "guidance"),
+                  link("t", "steps", "s", "steps"), link("s", "images", "grid", "images")],
+    }
+
+
+def compiled(source: dict, **limits):
+    return compile_workflow(parse_workflow(source), WorkflowLimits(**limits))
+
+
+def drive(run: WorkflowRun, engine: Engine, start_after_first_view: bool = True, on_view=None):
+    """Iterate the run to its end on a fresh event loop; start the engine thread once the run
+    has queued its first branches, so they all arrive at the same first step boundary."""
+
+    async def go():
+        views = []
+        async for view in run.updates():
+            views.append(view)
+            if start_after_first_view and len(views) == 1:
+                engine.start()
+            if on_view is not None:
+                on_view(view)
+        return views
+
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def toy():
+    pipeline = ToyPipeline()
+    engine = Engine(pipeline, max_batch=8, limits=ServingLimits(max_per_session=16))
+    yield pipeline, engine
+    engine.close()
+
+
+def test_a_2x2_seed_by_guidance_run_shares_every_forward(toy):
+    pipeline, engine = toy
+    run = WorkflowRun(engine, compiled(seed_by_guidance()), session_id="tab", preview_every=2)
+    views = drive(run, engine)
+    final = views[-1]
+    assert final.state == "completed" and (final.done, final.total) == (4, 4)
+    ids = {b.request_id for b in run.branches}
+    assert len(pipeline.forward_log) == STEPS
+    assert all(set(rows) == ids and len(rows) == 4 for rows in pipeline.forward_log)
+    # Every branch is the request it stands for: same pixels as that request run alone.
+    for progress in run.branches:
+        params = progress.params
+        assert (params.seed, params.guidance_scale) == ({0: 3, 1: 3, 2: 4, 3: 4}[progress.branch.index],
+                                                        {0: 1.0, 1: 2.0, 2: 1.0, 3: 2.0}[progress.branch.index])
+        alone = GenerationParams(prompt="a red circle", seed=params.seed, num_inference_steps=STEPS,
+                                 guidance_scale=params.guidance_scale, width=64, height=64)
+        assert np.array_equal(np.asarray(progress.result.images[0]), solo_pixels(alone))
+    assert {node: (v.state, v.done, v.total) for node, v in final.nodes.items()} == {
+        node: ("done", 4, 4) for node in ("p", "b", "g", "t", "s", "grid")}
+
+
+def test_the_grid_fills_in_with_every_branch_image(toy):
+    pipeline, engine = toy
+    run = WorkflowRun(engine, compiled(seed_by_guidance()), session_id="tab")
+    first_grid = {}
+    views = drive(run, engine, on_view=lambda v: first_grid.setdefault("g", v.grids["grid"]))
+    grid = views[-1].grids["grid"]
+    cells = np.asarray(grid)
+    # Each of the four 64x64 toy images was enlarged 2x into its cell: find them in the grid.
+    for progress in run.branches:
+        enlarged = np.asarray(progress.result.images[0].resize((128, 128), Image.NEAREST))
+        found = any(
+            np.array_equal(cells[y:y + 128, x:x + 128], enlarged)
+            for y in range(0, cells.shape[0] - 127) for x in range(0, cells.shape[1] - 127)
+            if cells[y, x].tolist() == enlarged[0, 0].tolist() and cells[y, x + 127].tolist() == enlarged[0, 127].tolist()
+        )
+        assert found, f"branch {progress.branch.index}'s image is not in the grid"
+    placeholder = np.asarray(first_grid["g"])
+    assert (placeholder == 222).all(axis=2).sum() > 4 * 128 * 100  # before any branch ended: grey cells
+
+
+def test_a_run_larger_than_the_session_limit_queues_its_own_branches():
+    pipeline = ToyPipeline()
+    engine = Engine(pipeline, max_batch=8, limits=ServingLimits(max_per_session=2))
+    try:
+        run = WorkflowRun(engine, compiled(seed_by_guidance(seeds=(1, 2, 3), guidance="1, 2")), session_id="tab")
+        views = drive(run, engine)
+    finally:
+        engine.close()
+    assert [b.state for b in views[0].branches] == ["queued"] * 2 + ["waiting"] * 4
+    assert views[-1].state == "completed" and views[-1].done == 6
+    assert max(len(rows) for rows in pipeline.forward_log) == 2
+    # Branches entered the engine in their own order.
+    first_forward = {}
+    for index, rows in enumerate(pipeline.forward_log):
+        for request_id in rows:
+            first_forward.setdefault(request_id, index)
+    order = [first_forward[b.request_id] for b in run.branches]
+    assert order == sorted(order)
+
+
+def test_cancelling_the_run_stops_every_branch_at_the_next_step_boundary():
+    gate = StepGate(2)
+    pipeline = ToyPipeline(on_forward=gate)
+    engine = Engine(pipeline, max_batch=8, limits=ServingLimits(max_per_session=16))
+
+    def on_view(view):
+        if view.branches[0].state == "running" and view.branches[0].step >= 2 and not gate._released.is_set():
+            gate.wait()
+            run.cancel()
+            gate.release()
+
+    try:
+        run = WorkflowRun(engine, compiled(seed_by_guidance()), session_id="tab")
+        views = drive(run, engine, on_view=on_view)
+    finally:
+        engine.close()
+    assert views[-1].state == "aborted"
+    assert [b.state for b in run.branches] == ["aborted"] * 4
+    assert len(pipeline.forward_log) == 3  # the forward that was running when the cancel came, then none
+    assert pipeline.decoded == []
+    assert all(view.state == "cancelled" for view in views[-1].nodes.values())
+
+
+def test_one_branch_can_be_cancelled_alone():
+    gate = StepGate(1)
+    pipeline = ToyPipeline(on_forward=gate)
+    engine = Engine(pipeline, max_batch=8, limits=ServingLimits(max_per_session=16))
+
+    def on_view(view):
+        if view.branches[1].state == "running" and not gate._released.is_set():
+            gate.wait()
+            assert run.cancel_branch(1)
+            gate.release()
+
+    try:
+        run = WorkflowRun(engine, compiled(seed_by_guidance()), session_id="tab")
+        views = drive(run, engine, on_view=on_view)
+    finally:
+        engine.close()
+    assert [b.state for b in run.branches] == ["completed", "aborted", "completed", "completed"]
+    assert views[-1].state == "partial"
+    assert run.branches[1].request_id not in pipeline.decoded
+    assert not run.cancel_branch(1) and not run.cancel_branch(9)
+    assert views[-1].nodes["s"].state == "cancelled"
+
+
+def test_a_failing_branch_fails_alone_and_marks_its_nodes():
+    pipeline = ToyPipeline()
+    engine = Engine(pipeline, max_batch=8, limits=ServingLimits(max_per_session=16))
+    source = seed_by_guidance()
+    source["nodes"][0] = {"id": "p", "type": "prompt_list", "values": {"prompts": "fine\nbroken [fail:step_scheduler]"}}
+    try:
+        run = WorkflowRun(engine, compiled(source), session_id="tab")
+        views = drive(run, engine)
+    finally:
+        engine.close()
+    states = [(b.params.prompt.startswith("broken"), b.state) for b in run.branches]
+    assert states.count((True, "failed")) == 4 and states.count((False, "completed")) == 4
+    assert "injected failure in step_scheduler" in run.branches[-1].message
+    assert views[-1].state == "partial" and views[-1].nodes["s"].state == "error"
+
+
+def test_the_engine_checks_every_branch_before_anything_is_submitted(toy):
+    pipeline, engine = toy
+    # The compiler allows multiples of 4; the toy model wants multiples of 8: the engine says no.
+    source = seed_by_guidance()
+    source["nodes"].append({"id": "z", "type": "sweep", "values": {"param": "size", "values": "64x64, 68x64"}})
+    source["links"].append(link("z", "values", "s", "size"))
+    with pytest.raises(WorkflowError) as caught:
+        WorkflowRun(engine, compiled(source, size_multiple=4), session_id="tab")
+    assert caught.value.problems[0].node_id == "s"
+    assert "width=68 must be a multiple of 8" in str(caught.value)
+    assert engine.snapshot().requests == () and pipeline.encoded == []
+
+
+def test_a_sampler_without_a_seed_uses_one_random_seed_for_all_its_branches(toy):
+    pipeline, engine = toy
+    source = seed_by_guidance()
+    source["nodes"] = [n for n in source["nodes"] if n["id"] != "b"]
+    source["links"] = [lk for lk in source["links"] if lk["from"]["node"] != "b"]
+    source["nodes"][-1]["values"] = {"x": "guidance", "y": "auto"}
+    run = WorkflowRun(engine, compiled(source), session_id="tab")
+    seeds = {b.params.seed for b in run.branches}
+    assert len(run.branches) == 2 and len(seeds) == 1 and None not in seeds
