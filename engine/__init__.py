@@ -3,6 +3,7 @@
 Never imports gradio: the studio and the HTTP API sit on top of this package.
 """
 
+from engine.cost import RequestCost, SizedForward
 from engine.engine import Engine
 from engine.events import Aborted, Completed, Event, Failed, Progress, Queued, RequestHandle, Started, Timings
 from engine.limits import AdmissionError, EngineClosedError, QueueFullError, ServingLimits, SessionLimitError
@@ -24,11 +25,13 @@ __all__ = [
     "Progress",
     "QueueFullError",
     "Queued",
+    "RequestCost",
     "RequestHandle",
     "RequestStatus",
     "RequestView",
     "ServingLimits",
     "SessionLimitError",
+    "SizedForward",
     "Started",
     "Timings",
 ]

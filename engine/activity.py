@@ -14,7 +14,6 @@ class EngineActivity:
     finished: Counter = field(default_factory=Counter)  # final status -> count
     recent_steps: deque = field(default_factory=lambda: deque(maxlen=256))  # (time, rows)
     stage_means: dict = field(default_factory=lambda: {"encode_s": None, "denoise_step_s": None, "decode_s": None})
-    phase: str = "idle"  # idle | denoise | stopped
 
     def record_forward(self, rows: int, now: float) -> None:
         self.forwards_by_batch_size[rows] += 1

@@ -3,6 +3,11 @@
 Other threads talk to it only through a command queue (submit, cancel, stop) and read
 what it publishes (request handles' events, snapshots, metrics). Its loop is the three
 calls of vLLM's EngineCore.step: schedule -> execute -> update.
+
+Its end is always loud: `close()` / `shutdown()` abort every request (`Aborted`, cause
+"shutdown"); a crash of the engine thread itself fails every request (`Failed`, stage
+"engine"), closes the engine for good (`submit` raises EngineClosedError) and keeps the
+reason in `Engine.failure`, so the process around it can exit with an error.
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, replace
+from typing import Hashable
 
 from engine.activity import EngineActivity
-from engine.events import RequestHandle, deliver_pending
+from engine.cost import RequestCost, request_cost
+from engine.events import Failed, RequestHandle, deliver_pending
 from engine.limits import EngineClosedError, QueueFullError, ServingLimits, SessionLimitError
 from engine.metrics import EngineMetrics
 from engine.request import Request, RequestStatus
@@ -50,36 +57,52 @@ class _Stop:
     reason: str
 
 
+SHUTDOWN_REASON = "the engine was shut down"
+
+
 class Engine:
     """Serve many generation requests by advancing them one co-batched denoise step at a time.
 
-    >>> engine = Engine(pipeline, mode="step", max_batch=8); engine.start()
+    >>> engine = Engine(pipeline, mode="step", max_batch_requests=8); engine.start()
     >>> handle = engine.submit(GenerationParams(prompt="a red circle"), session_id="tab-1")
     >>> final = handle.result()          # or: async for event in handle.stream(): ...
     >>> engine.close()
+
+    `max_batch_requests` counts requests per forward; a request with true CFG puts two rows
+    in it. (`max_batch` is its old name, still accepted.)
     """
 
     def __init__(
         self,
         pipeline: StepPipeline,
         mode: Mode = "step",
-        max_batch: int = 8,
+        max_batch_requests: int = 8,
         limits: ServingLimits | None = None,
+        *,
+        max_batch: int | None = None,
     ) -> None:
+        if max_batch is not None:
+            max_batch_requests = max_batch
         self.pipeline = pipeline
-        self.limits = limits or ServingLimits()
+        self.limits = (limits or ServingLimits()).resolved_for(pipeline.info)
         self.metrics = EngineMetrics()
-        self._scheduler = Scheduler(mode=mode, max_batch=max_batch)
+        self._scheduler = Scheduler(mode=mode, max_batch_requests=max_batch_requests)
         self._runner = ModelRunner(pipeline)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._closed = False
         self._stopping = False  # a stop command was applied: the loop ends (engine thread only)
+        self._stopped = threading.Event()  # the engine thread has ended (or never started and was closed)
         self._arrivals = itertools.count()
-        # Written by callers under the lock (admission control, cancel ownership).
+        # The cost of the model's default request: the unit of ServingLimits.max_session_cost.
+        default_request = resolve_defaults(GenerationParams(prompt="a default request"), pipeline.info.defaults)
+        self.unit_cost = self._cost(default_request).total
+        # Written by callers under the lock (admission control, cancel ownership, closing).
         self._lock = threading.Lock()
-        self._owner: dict[str, str] = {}  # unfinished request id -> session id
-        self._in_flight_by_session: Counter[str] = Counter()
+        self._closed = False
+        self._failure: str | None = None
+        self._in_flight: dict[str, Request] = {}  # every unfinished request, by id
+        self._count_by_session: Counter[str] = Counter()
+        self._cost_by_session: Counter[str] = Counter()
         # Written by the engine thread only.
         self._activity = EngineActivity()
         self._first_preview_seen: set[str] = set()
@@ -95,16 +118,26 @@ class Engine:
         return self._scheduler.mode
 
     @property
-    def max_batch(self) -> int:
-        return self._scheduler.max_batch
+    def max_batch_requests(self) -> int:
+        """Most requests in one forward (a CFG request puts two rows in it)."""
+        return self._scheduler.max_batch_requests
+
+    max_batch = max_batch_requests  # the old name
 
     @property
     def is_alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive() and self._failure is None
+
+    @property
+    def failure(self) -> str | None:
+        """Why the engine thread crashed, or None (it runs, or it was closed normally)."""
+        return self._failure
 
     def start(self) -> "Engine":
         if self._thread is not None:
             raise RuntimeError("Engine.start() was already called.")
+        if self._closed:
+            raise EngineClosedError("this engine was closed; make a new one.")
         self._thread = threading.Thread(target=self._loop, name="stepstudio-engine", daemon=True)
         self._thread.start()
         return self
@@ -123,39 +156,31 @@ class Engine:
         AdmissionError (QueueFullError, SessionLimitError, EngineClosedError) when full or closed."""
         try:
             params = self.prepare_params(params)
+            batch_key = self._batch_key(params)
+            cost = self._cost(params)
         except ValueError:
             self.metrics.requests_rejected.labels("invalid").inc()
             raise
         request_id = uuid.uuid4().hex
-        with self._lock:
-            if self._closed:
-                self.metrics.requests_rejected.labels("closed").inc()
-                raise EngineClosedError("the engine is shutting down; no new requests are accepted.")
-            if len(self._owner) >= self.limits.max_queue:
-                self.metrics.requests_rejected.labels("queue_full").inc()
-                raise QueueFullError(
-                    f"the queue is full ({self.limits.max_queue} requests in flight); try again shortly."
-                )
-            if self._in_flight_by_session[session_id] >= self.limits.max_per_session:
-                self.metrics.requests_rejected.labels("session_limit").inc()
-                raise SessionLimitError(
-                    f"this session already has {self._in_flight_by_session[session_id]} requests in flight "
-                    f"(limit {self.limits.max_per_session}); wait for one to finish or cancel one."
-                )
-            self._owner[request_id] = session_id
-            self._in_flight_by_session[session_id] += 1
         handle = RequestHandle(request_id=request_id, session_id=session_id, params=params, _cancel=self.cancel)
         request = Request(
             request_id=request_id,
             session_id=session_id,
             params=params,
-            batch_key=self.pipeline.batch_key(params),
+            batch_key=batch_key,
             handle=handle,
             arrival_index=next(self._arrivals),
+            cost=cost,
             submitted_at=time.perf_counter(),
         )
+        with self._lock:
+            self._admit_or_raise(request)
+            self._in_flight[request_id] = request
+            self._count_by_session[session_id] += 1
+            self._cost_by_session[session_id] += cost.total
+            # Queued under the lock: a stop command (also queued under it) always comes after.
+            self._commands.put(_Submit(request))
         self.metrics.requests_submitted.inc()
-        self._commands.put(_Submit(request))
         return handle
 
     def cancel(self, request_id: str, session_id: str | None = None, *, admin: bool = False) -> bool:
@@ -164,10 +189,10 @@ class Engine:
         Only its own session may cancel it (or `admin=True`): PermissionError otherwise.
         Returns False when the request is unknown or already finished."""
         with self._lock:
-            owner = self._owner.get(request_id)
-        if owner is None:
+            request = self._in_flight.get(request_id)
+        if request is None:
             return False
-        if not admin and owner != session_id:
+        if not admin and request.session_id != session_id:
             raise PermissionError(f"request {request_id[:8]} belongs to another session; it can't be cancelled from here.")
         self._commands.put(_Cancel(request_id, "cancelled by the user", time.perf_counter()))
         return True
@@ -175,40 +200,97 @@ class Engine:
     def snapshot(self) -> EngineSnapshot:
         return self._snapshot
 
-    def session_of(self, request_id: str) -> str | None:
+    def shutdown(self, reason: str = SHUTDOWN_REASON) -> None:
+        """Stop admission now and abort every request at the next step boundary. Non-blocking:
+        `wait_stopped()` or `close()` wait for the thread to end."""
         with self._lock:
-            return self._owner.get(request_id)
+            if self._closed:
+                return
+            self._closed = True
+            self._commands.put(_Stop(reason))
+        if self._thread is None:  # never started: nobody else will end the queued requests
+            self._handle_commands(block=False)
+            self._stopped.set()
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop accepting work, end every pending request (Aborted) and stop the thread."""
-        with self._lock:
-            self._closed = True
+        self.shutdown()
         if self._thread is None:
             return
-        self._commands.put(_Stop("the engine was shut down"))
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise TimeoutError(f"the engine thread did not stop within {timeout} s")
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        """Block until the engine thread has ended (closed or crashed); False on timeout."""
+        return self._stopped.wait(timeout)
 
     @property
     def states_in_memory(self) -> int:
         """Request states the runner holds (0 whenever the engine is idle)."""
         return len(self._runner.states)
 
+    @property
+    def requests_in_flight(self) -> int:
+        """Submitted requests that have not sent their final event yet (0 when idle)."""
+        with self._lock:
+            return len(self._in_flight)
+
+    # ------------------------------------------------------------------ admission
+    def _batch_key(self, params: GenerationParams) -> Hashable:
+        key = self.pipeline.batch_key(params)
+        hash(key)  # an unhashable key is a pipeline bug: refuse it here, not on the engine thread
+        return key
+
+    def _cost(self, params: GenerationParams) -> RequestCost:
+        return request_cost(self.pipeline, self.pipeline.info, params)
+
+    def _admit_or_raise(self, request: Request) -> None:
+        """Admission control (under the lock): closed, queue, per-session count and cost."""
+        session = request.session_id
+        if self._closed:
+            self.metrics.requests_rejected.labels("closed").inc()
+            if self._failure is not None:
+                raise EngineClosedError(f"{self._failure}; no new requests are accepted.")
+            raise EngineClosedError("the engine is shutting down; no new requests are accepted.")
+        if len(self._in_flight) >= self.limits.max_queue:
+            self.metrics.requests_rejected.labels("queue_full").inc()
+            raise QueueFullError(f"the queue is full ({self.limits.max_queue} requests in flight); try again shortly.")
+        in_flight = self._count_by_session[session]
+        if in_flight >= self.limits.max_per_session:
+            self.metrics.requests_rejected.labels("session_limit").inc()
+            raise SessionLimitError(
+                f"this session already has {in_flight} requests in flight "
+                f"(limit {self.limits.max_per_session}); wait for one to finish or cancel one."
+            )
+        limit = self.limits.max_session_cost
+        if limit is not None and in_flight:
+            held = self._cost_by_session[session] / self.unit_cost
+            wanted = request.cost.total / self.unit_cost
+            if held + wanted > limit:
+                self.metrics.requests_rejected.labels("session_limit").inc()
+                raise SessionLimitError(
+                    f"this session's requests in flight already cost {held:.1f} default requests and this one "
+                    f"costs {wanted:.1f} (rows x tokens x steps); the limit is {limit:g}: wait for one to finish "
+                    "or cancel one."
+                )
+
     # ------------------------------------------------------------------ engine thread
     def _loop(self) -> None:
         try:
             while self._handle_commands(block=not self._scheduler.has_work):
-                self.step()
+                self._step()
                 if self._stopping:  # the stop came in during the step
                     break
-        except Exception:  # pragma: no cover - a bug in the engine itself
-            log.exception("the engine thread crashed; ending every request")
-            self._scheduler.abort_all("the engine stopped after an internal error")
+        except BaseException as exc:  # noqa: BLE001 - a bug in the engine itself, or an escaped pipeline error
+            self._fail_everything(exc)
         finally:
-            self._runner.free(list(self._runner.states))
-            self._activity.phase = "stopped"
-            self._publish()
+            try:
+                self._runner.free(list(self._runner.states))
+                self._publish()
+            except Exception:  # noqa: BLE001 - never leave wait_stopped() hanging
+                log.exception("the engine could not publish its final state")
+            self._stopped.set()
 
     def _handle_commands(self, block: bool) -> bool:
         """Apply queued commands; False when the engine must stop."""
@@ -218,10 +300,11 @@ class Engine:
             return True
         while True:
             if isinstance(command, _Stop):
-                self._scheduler.abort_all(command.reason)
+                self._scheduler.abort_all(command.reason, cause="shutdown")
                 self._runner.free(self._scheduler.take_freed())
-                self._drain_submissions(command.reason)
+                self._drain_commands(lambda request: self._scheduler.abort(request.request_id, command.reason, "shutdown"))
                 self._stopping = True
+                self._publish()
                 return False
             if isinstance(command, _Submit):
                 self._scheduler.add(command.request)
@@ -236,8 +319,8 @@ class Engine:
         self._publish()
         return True
 
-    def _drain_submissions(self, reason: str) -> None:
-        """Requests submitted after the stop command but before the thread ended."""
+    def _drain_commands(self, end) -> None:
+        """Requests still queued as commands once the engine stops: add each, then `end` it."""
         while True:
             try:
                 command = self._commands.get_nowait()
@@ -245,16 +328,38 @@ class Engine:
                 return
             if isinstance(command, _Submit):
                 self._scheduler.add(command.request)
-                self._scheduler.abort(command.request.request_id, reason)
+                end(command.request)
 
-    def step(self) -> None:
+    def _fail_everything(self, exc: BaseException) -> None:
+        """The engine thread is going down: close for good, fail every request, answer everyone."""
+        message = f"the engine stopped after an internal error ({type(exc).__name__}: {exc})"
+        log.critical("%s; failing every request", message, exc_info=exc)
+        with self._lock:
+            self._closed = True
+            self._failure = message
+        try:
+            self._drain_commands(lambda request: None)
+            self._scheduler.fail_all(message)
+            self._publish()
+        except Exception:  # noqa: BLE001 - the scheduler itself may be what broke
+            log.exception("the scheduler could not end the requests; answering them directly")
+        # Whatever the scheduler could not end still gets its final event.
+        with self._lock:
+            left = list(self._in_flight.values())
+        for request in left:
+            request.final_event = Failed(message, stage="engine")
+        self._release(left)
+        for request in left:
+            request.handle.emit(request.final_event)
+        deliver_pending()
+
+    def _step(self) -> None:
         """One engine step: schedule -> execute -> update. Runs on the engine thread."""
         scheduled = self._scheduler.schedule()
         if scheduled.is_empty:
             return
         for request in scheduled.new:
             self.metrics.admission_latency.observe(request.started_at - request.submitted_at)
-        self._activity.phase = "denoise"
         started = time.perf_counter()
         output = self._runner.execute(scheduled)
         self._scheduler.update(output)
@@ -268,11 +373,11 @@ class Engine:
         if decoded.rows:
             self._scheduler.update(decoded)
         elapsed = time.perf_counter() - started
-        self._activity.phase = "idle"
 
         self.metrics.step_seconds.observe(elapsed)
         if output.batch_size:
             self.metrics.batch_size.observe(output.batch_size)
+            self.metrics.forward_rows.observe(output.forward_rows)
             self._activity.record_forward(output.batch_size, time.perf_counter())
         times = self._runner.last_times
         self._activity.record_stage("encode_s", times.encode_s)
@@ -293,20 +398,23 @@ class Engine:
     def _release(self, finished: list[Request]) -> None:
         """Free the slots and count the outcomes of requests that just ended."""
         with self._lock:
-            for request in finished:
-                self._owner.pop(request.request_id, None)
-                self._in_flight_by_session[request.session_id] -= 1
-                if self._in_flight_by_session[request.session_id] <= 0:
-                    del self._in_flight_by_session[request.session_id]
-        for request in finished:
-            status = request.status.name.removeprefix("FINISHED_").lower()
+            released = [r for r in finished if self._in_flight.pop(r.request_id, None) is not None]
+            for request in released:
+                session = request.session_id
+                self._count_by_session[session] -= 1
+                self._cost_by_session[session] -= request.cost.total
+                if self._count_by_session[session] <= 0:
+                    del self._count_by_session[session]
+                    del self._cost_by_session[session]
+        for request in released:
+            status = request.status.name.removeprefix("FINISHED_").lower() if request.status.is_finished else "error"
             self._activity.finished[status] += 1
             self.metrics.requests_finished.labels(status).inc()
             self._first_preview_seen.discard(request.request_id)
             if request.status == RequestStatus.FINISHED_COMPLETED:
                 self.metrics.request_latency.observe(request.finished_at - request.submitted_at)
-            elif request.status == RequestStatus.FINISHED_ERROR:
-                self.metrics.errors.labels(getattr(request.final_event, "stage", "engine")).inc()
+            elif isinstance(request.final_event, Failed):
+                self.metrics.errors.labels(request.final_event.stage).inc()
 
     # ------------------------------------------------------------------ snapshots
     def _publish(self) -> None:

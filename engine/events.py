@@ -67,6 +67,7 @@ class Completed:
 @dataclass(frozen=True)
 class Aborted:
     reason: str
+    cause: str = "cancelled"  # "cancelled" (by its caller) | "shutdown" (the engine is closing)
 
 
 @dataclass(frozen=True)
@@ -85,14 +86,16 @@ class _LoopDelivery:
     Waking a loop from another thread writes to its self-pipe; with 32 requests in a batch
     that would be 32 syscalls (and 32 thread switches) per step. Events wait here until the
     emitting thread calls `deliver_pending()` at the end of its burst (the engine does
-    after every step and every batch of commands)."""
+    after every step and every batch of commands).
+
+    The registry holds loops weakly (a closed, dropped loop is freed with its deliveries)."""
 
     _per_loop: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopDelivery]" = weakref.WeakKeyDictionary()
     _with_pending: "set[_LoopDelivery]" = set()
     _registry_lock = threading.Lock()
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self._loop = weakref.ref(loop)  # a strong reference would keep the registry's key alive
         self._pending: deque = deque()
 
     @classmethod
@@ -114,8 +117,11 @@ class _LoopDelivery:
             ready = list(cls._with_pending)
             cls._with_pending.clear()
         for delivery in ready:
+            loop = delivery._loop()
             try:
-                delivery._loop.call_soon_threadsafe(delivery._flush)
+                if loop is None:
+                    raise RuntimeError("the loop is gone")
+                loop.call_soon_threadsafe(delivery._flush)
             except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
                 with cls._registry_lock:
                     delivery._pending.clear()

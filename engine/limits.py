@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from pipelines.interface import PipelineInfo
 from pipelines.params import GenerationParams
 
 
@@ -26,27 +27,64 @@ class EngineClosedError(AdmissionError):
 @dataclass(frozen=True)
 class ServingLimits:
     max_steps: int = 100
-    max_size: int = 1024  # largest width or height in pixels
+    # Largest width or height in pixels. None: the model's default size (the larger of its
+    # default width and height), so one request can't cost many times what the model is made for.
+    max_size: int | None = None
     max_frames: int = 129
     max_queue: int = 256  # waiting + running requests, all sessions
     max_per_session: int = 16  # waiting + running requests of one session
+    # In-flight cost one session may hold, in units of the model's default request
+    # (rows x tokens x steps, see engine.cost). None: no cost cap, only the count above.
+    # A session with nothing in flight may always submit one request (within the caps above).
+    max_session_cost: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "max_size", "max_frames", "max_queue", "max_per_session"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        for name in ("max_steps", "max_frames", "max_queue", "max_per_session"):
+            _check_positive_int(name, getattr(self, name))
+        if self.max_size is not None:
+            _check_positive_int("max_size", self.max_size)
+        cost = self.max_session_cost
+        if cost is not None and (isinstance(cost, bool) or not isinstance(cost, (int, float)) or not cost > 0):
+            raise ValueError(f"max_session_cost must be a positive number or None, got {cost!r}.")
+
+    def resolved_for(self, info: PipelineInfo) -> "ServingLimits":
+        """These limits with `max_size=None` replaced by the model's default size."""
+        if self.max_size is not None:
+            return self
+        return replace(self, max_size=max(info.defaults.width, info.defaults.height))
 
     def check(self, params: GenerationParams) -> None:
         """Raise ValueError when a (defaults-resolved) request exceeds this server's caps."""
+        check_text(params)
         if params.num_inference_steps > self.max_steps:
             raise ValueError(
                 f"num_inference_steps={params.num_inference_steps} is above this server's limit: "
                 f"allowed is 1..{self.max_steps}."
             )
-        for name in ("width", "height"):
-            value = getattr(params, name)
-            if value > self.max_size:
-                raise ValueError(f"{name}={value} is above this server's limit of {self.max_size} pixels.")
+        if self.max_size is not None:
+            for name in ("width", "height"):
+                value = getattr(params, name)
+                if value > self.max_size:
+                    raise ValueError(f"{name}={value} is above this server's limit of {self.max_size} pixels.")
         if params.num_frames > self.max_frames:
             raise ValueError(f"num_frames={params.num_frames} is above this server's limit of {self.max_frames}.")
+
+
+def check_text(params: GenerationParams) -> None:
+    """Refuse text no tokenizer can take: lone surrogates ('\\ud800') pass str checks, not UTF-8."""
+    for name in ("prompt", "negative_prompt"):
+        text = getattr(params, name)
+        if text is None:
+            continue
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ValueError(
+                f"{name} has a lone surrogate ({text[error.start]!r}) at character {error.start}: "
+                "send valid Unicode text."
+            ) from None
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}.")

@@ -24,7 +24,14 @@ class EngineMetrics:
         self.queue_depth = Gauge("stepstudio_queue_depth", "Requests waiting to be admitted", registry=r)
         self.running = Gauge("stepstudio_running_requests", "Requests admitted and not finished", registry=r)
         self.batch_size = Histogram(
-            "stepstudio_batch_size", "Rows per model forward", buckets=_BATCH_BUCKETS, registry=r
+            "stepstudio_batch_size",
+            "Requests per model forward (a request with true CFG puts 2 rows in it: see stepstudio_forward_rows)",
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.forward_rows = Histogram(
+            "stepstudio_forward_rows", "Model rows per forward (CFG negative rows included)", buckets=_BATCH_BUCKETS,
+            registry=r,
         )
         self.step_seconds = Histogram(
             "stepstudio_step_seconds", "Wall time of one engine step (forward + updates)", buckets=_LATENCY_BUCKETS, registry=r

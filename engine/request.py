@@ -6,12 +6,13 @@ import enum
 from dataclasses import dataclass
 from typing import Hashable
 
+from engine.cost import RequestCost
 from engine.events import RequestHandle
 from pipelines.params import GenerationParams
 
 
 class RequestStatus(enum.IntEnum):
-    """Ordered: a request only ever moves to a larger value."""
+    """Ordered: a request only ever moves to a larger value (WAITING -> RUNNING -> one FINISHED_*)."""
 
     WAITING = 0
     RUNNING = 1
@@ -33,6 +34,7 @@ class Request:
     batch_key: Hashable
     handle: RequestHandle
     arrival_index: int  # global submission order, for FIFO tie-breaks
+    cost: RequestCost  # rows x tokens x steps: limits and turn-taking by cost
 
     # --- written only by the scheduler ---
     status: RequestStatus = RequestStatus.WAITING
@@ -40,8 +42,6 @@ class Request:
     submitted_at: float = 0.0
     started_at: float | None = None
     finished_at: float | None = None
-    abort_reason: str | None = None  # set when a cancel is requested; applied at the next boundary
-    cancel_requested_at: float | None = None
     # The Completed/Aborted/Failed event, emitted by the engine once the slot is released.
     final_event: object = None
     # Denoise steps the request really takes, once the runner knows them: some noise

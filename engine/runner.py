@@ -1,8 +1,13 @@
 """The model runner: executes one scheduled step on the pipeline and owns the request states.
 
-Failure isolation lives here: an exception in any step-protocol method ends only the
-request it belongs to. When a batched forward raises, the rows are re-run one by one to
-find the culprit, and the healthy rows go on.
+Failure isolation lives here: an exception in any step-protocol method (or a result that
+breaks the protocol: None from post_decode, NaN latents) ends only the request it belongs
+to. When a batched forward raises, the rows are re-run one by one to find the culprit, and
+the healthy rows go on. When a forward runs out of memory, the batch is split in two once;
+a half that still does not fit loses its largest request (it fails with an out-of-memory
+error) and the rest of that half sit this step out: no row is retried alone.
+
+Imports no torch: it only calls methods of the tensors the pipeline hands it.
 """
 
 from __future__ import annotations
@@ -10,13 +15,25 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from engine.scheduler import RowResult, RunnerOutput, SchedulerOutput
 from pipelines.interface import Batch, BatchedPromptEncoding, RequestState, StepPipeline
 
+if TYPE_CHECKING:
+    import torch
+
 log = logging.getLogger(__name__)
+
+_OUT_OF_MEMORY_TEXTS = ("out of memory", "can't allocate memory")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """torch.OutOfMemoryError (CUDA, MPS), a CPU allocator failure, or Python's MemoryError."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc).lower()
+    return any(part in text for part in _OUT_OF_MEMORY_TEXTS)
 
 
 def _failure(request_id: str, stage: str, exc: BaseException) -> RowResult:
@@ -64,22 +81,27 @@ class ModelRunner:
             self.states[request.request_id] = state
 
         rows = [self.states[r.request_id] for r in scheduled.batch if r.request_id not in errors]
-        predictions, forward_errors = self._forward(rows, times)
+        costs = {r.request_id: r.cost for r in scheduled.batch}
+        started = time.perf_counter()
+        predictions, forward_errors = self._forward(rows, costs)
+        times.forward_s = time.perf_counter() - started
         errors.update(forward_errors)
 
         results = list(errors.values())
         started = time.perf_counter()
         for state in rows:
-            if state.request_id in forward_errors:
-                continue
-            results.append(self._advance(state, predictions[state.request_id], times))
+            if state.request_id in predictions:  # others failed, or sat this step out (out of memory)
+                results.append(self._advance(state, predictions[state.request_id], times))
         times.scheduler_s = time.perf_counter() - started - sum(times.preview_s)
 
         for row in results:
             if row.error is not None:
                 self.states.pop(row.request_id, None)
-        forwarded = len(rows) - len(forward_errors)
-        return RunnerOutput(rows=tuple(results), batch_size=forwarded if predictions else 0)
+        return RunnerOutput(
+            rows=tuple(results),
+            batch_size=len(predictions),
+            forward_rows=sum(costs[request_id].rows for request_id in predictions),
+        )
 
     def decode_denoised(self) -> RunnerOutput:
         """VAE-decode the requests whose last step just ran, and free their states.
@@ -93,6 +115,8 @@ class ModelRunner:
             started = time.perf_counter()
             try:
                 images = self.pipeline.post_decode(state)
+                if not isinstance(images, (list, tuple)) or not images:
+                    raise TypeError(f"post_decode returned {images!r}; a pipeline must return a non-empty list of images")
             except Exception as exc:  # noqa: BLE001
                 log.exception("post_decode failed for %s", state.request_id)
                 results.append(_failure(state.request_id, "post_decode", exc))
@@ -124,30 +148,61 @@ class ModelRunner:
             log.warning("batched prompt encoding failed; encoding %d requests one by one", len(new), exc_info=True)
         return (time.perf_counter() - started) / len(new)
 
-    def _forward(self, rows: list[RequestState], times: StageTimes):
-        """One forward for all rows; on failure, one forward per row to find the culprit."""
+    def _forward(self, rows: list[RequestState], costs: dict) -> tuple[dict, dict[str, RowResult]]:
+        """One forward for all rows: (predictions, failures) by request id. On an exception,
+        one forward per row finds the culprit; out of memory, see `_forward_after_oom`."""
         if not rows:
             return {}, {}
-        started = time.perf_counter()
         try:
-            predictions = self._checked_forward(rows)
-            times.forward_s = time.perf_counter() - started
-            return predictions, {}
-        except Exception:  # noqa: BLE001
+            return self._checked_forward(rows), {}
+        except Exception as exc:  # noqa: BLE001
+            if is_out_of_memory(exc):
+                log.warning("out of memory in a forward of %d requests; splitting it in two", len(rows))
+                return self._forward_after_oom(rows, costs)
             if len(rows) == 1:
                 log.exception("denoise_step failed for %s", rows[0].request_id)
-            else:
-                log.warning("batched denoise_step failed; re-running %d rows one by one", len(rows))
+                return {}, {rows[0].request_id: _failure(rows[0].request_id, "denoise_step", exc)}
+            log.warning("batched denoise_step failed; re-running %d rows one by one", len(rows))
+        return self._forward_one_by_one(rows)
+
+    def _forward_one_by_one(self, rows: list[RequestState]) -> tuple[dict, dict[str, RowResult]]:
         predictions, errors = {}, {}
         for state in rows:
             try:
                 predictions.update(self._checked_forward([state]))
             except Exception as exc:  # noqa: BLE001
                 errors[state.request_id] = _failure(state.request_id, "denoise_step", exc)
-        times.forward_s = time.perf_counter() - started
         return predictions, errors
 
-    def _checked_forward(self, rows: list[RequestState]) -> dict[str, torch.Tensor]:
+    def _forward_after_oom(self, rows: list[RequestState], costs: dict) -> tuple[dict, dict[str, RowResult]]:
+        """Two forwards of half the batch each. A half that still runs out of memory fails its
+        largest request (by cost per step) and the rest of it sit this step out."""
+        predictions, errors = {}, {}
+        middle = (len(rows) + 1) // 2
+        for half in (rows[:middle], rows[middle:]):
+            if not half:
+                continue
+            try:
+                predictions.update(self._checked_forward(half))
+            except Exception as exc:  # noqa: BLE001
+                if not is_out_of_memory(exc):
+                    more_predictions, more_errors = self._forward_one_by_one(half)
+                    predictions.update(more_predictions)
+                    errors.update(more_errors)
+                    continue
+                largest = max(half, key=lambda state: costs[state.request_id].per_step)
+                cost = costs[largest.request_id]
+                errors[largest.request_id] = RowResult(
+                    largest.request_id,
+                    error=f"denoise_step failed: out of memory ({type(exc).__name__}): this request "
+                    f"({cost.rows} rows x {cost.tokens} tokens) was the largest of a forward that did not fit "
+                    "on the device; try a smaller size.",
+                    error_stage="denoise_step",
+                )
+                log.warning("out of memory again in half a batch; failed the largest request %s", largest.request_id)
+        return predictions, errors
+
+    def _checked_forward(self, rows: list[RequestState]) -> "dict[str, torch.Tensor]":
         output = self.pipeline.denoise_step(Batch(tuple(rows)))
         if len(output) != len(rows):
             raise RuntimeError(
@@ -156,14 +211,15 @@ class ModelRunner:
             )
         return {state.request_id: prediction for state, prediction in zip(rows, output)}
 
-    def _advance(self, state: RequestState, prediction: torch.Tensor, times: StageTimes) -> RowResult:
+    def _advance(self, state: RequestState, prediction: "torch.Tensor", times: StageTimes) -> RowResult:
         request_id = state.request_id
         try:
             self.pipeline.step_scheduler(state, prediction)
+            finite = state.latents is None or bool(state.latents.isfinite().all())
         except Exception as exc:  # noqa: BLE001
             log.exception("step_scheduler failed for %s", request_id)
             return _failure(request_id, "step_scheduler", exc)
-        if state.latents is not None and not bool(torch.isfinite(state.latents).all()):
+        if not finite:
             return RowResult(
                 request_id,
                 error=f"latents became NaN or infinite at step {state.step_index}/{state.total_steps}; "

@@ -3,12 +3,15 @@
 It is the only place that changes a request's status. Policy:
 
 - Requests share a forward only when their batch keys are equal ("a group").
-- Groups with work take turns, one step each (round-robin), so an incompatible request
-  never waits behind a long-running group and no group starves.
+- Groups with work take turns weighted by cost (fair queueing): each group counts the
+  cost of the forwards it ran (the sum of its rows' tokens, see `engine.cost`), and the
+  group that has run the least goes next; a group that arrives starts level with the
+  least-served one. So a 1024x1024 group and a 64x64 group get equal device time: the
+  small one runs 256 forwards for each forward of the large one, and no group starves.
 - Step mode: the chosen group's running requests plus waiting ones of the same key,
-  up to `max_batch`, run one step together; a newcomer joins at the next boundary.
-- Request mode: once a group of up to `max_batch` requests is admitted it runs alone
-  until all of its members finish (the classic "one batch at a time" server).
+  up to `max_batch_requests`, run one step together; a newcomer joins at the next boundary.
+- Request mode: once a group of up to `max_batch_requests` requests is admitted it runs
+  alone until all of its members finish (the classic "one batch at a time" server).
 - Admission is fair across sessions: sessions take turns (fewest requests running first,
   then the one admitted least recently), each session's own requests in arrival order.
 """
@@ -16,7 +19,6 @@ It is the only place that changes a request's status. Policy:
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Hashable, Literal
 
@@ -28,7 +30,7 @@ Mode = Literal["step", "request"]
 
 @dataclass(frozen=True)
 class SchedulerOutput:
-    batch: tuple[Request, ...] = ()  # rows of the next forward, in row order
+    batch: tuple[Request, ...] = ()  # requests of the next forward, in row order
     new: tuple[Request, ...] = ()  # admitted now: the runner must prepare_encode them first
 
     @property
@@ -52,12 +54,15 @@ class RowResult:
 
 @dataclass(frozen=True)
 class RunnerOutput:
-    rows: tuple[RowResult, ...]
-    batch_size: int  # rows in the forward that ran (0 if every row failed before it)
+    rows: tuple[RowResult, ...]  # one result per request
+    batch_size: int  # requests in the forward that ran (0 if every request failed before it)
+    forward_rows: int = 0  # model rows in that forward (a CFG request has 2)
 
 
 @dataclass
 class _Group:
+    served: int  # cost of the forwards this group ran (its place in the turns)
+    created: int  # tie-break: the older group first
     running: list[Request] = field(default_factory=list)
     waiting: list[Request] = field(default_factory=list)
 
@@ -67,16 +72,16 @@ class _Group:
 
 
 class Scheduler:
-    def __init__(self, mode: Mode = "step", max_batch: int = 8) -> None:
+    def __init__(self, mode: Mode = "step", max_batch_requests: int = 8) -> None:
         if mode not in ("step", "request"):
             raise ValueError(f"mode={mode!r} is not supported: use 'step' or 'request'.")
-        if max_batch < 1:
-            raise ValueError(f"max_batch={max_batch} must be at least 1.")
+        if isinstance(max_batch_requests, bool) or not isinstance(max_batch_requests, int) or max_batch_requests < 1:
+            raise ValueError(f"max_batch_requests={max_batch_requests!r} must be an integer of at least 1.")
         self.mode: Mode = mode
-        self.max_batch = max_batch
+        self.max_batch_requests = max_batch_requests  # requests per forward (a CFG request has 2 rows)
         self.requests: dict[str, Request] = {}  # every unfinished request
         self._groups: dict[Hashable, _Group] = {}
-        self._turns: deque[Hashable] = deque()  # round-robin order of group keys
+        self._groups_created = 0
         self._running_by_session: dict[str, int] = {}
         self._last_admitted: dict[str, int] = {}  # session -> admission counter value
         self._admissions = 0
@@ -122,27 +127,39 @@ class Scheduler:
         self.requests[request.request_id] = request
         group = self._groups.get(request.batch_key)
         if group is None:
-            group = self._groups[request.batch_key] = _Group()
-            self._turns.append(request.batch_key)
+            # A newcomer starts level with the least-served group: no catching up on the past.
+            level = min((g.served for g in self._groups.values()), default=0)
+            group = self._groups[request.batch_key] = _Group(served=level, created=self._groups_created)
+            self._groups_created += 1
         group.waiting.append(request)
         self._publish_positions()
 
-    def abort(self, request_id: str, reason: str) -> bool:
+    def abort(self, request_id: str, reason: str, cause: str = "cancelled") -> bool:
         """End a waiting or running request now (we are between steps). False if already ended."""
+        return self._end(request_id, RequestStatus.FINISHED_ABORTED, Aborted(reason, cause=cause))
+
+    def fail(self, request_id: str, message: str, stage: str = "engine") -> bool:
+        """End a waiting or running request with an error now. False if already ended."""
+        return self._end(request_id, RequestStatus.FINISHED_ERROR, Failed(message, stage=stage))
+
+    def abort_all(self, reason: str, cause: str = "cancelled") -> None:
+        for request_id in list(self.requests):
+            self.abort(request_id, reason, cause)
+
+    def fail_all(self, message: str) -> None:
+        for request_id in list(self.requests):
+            self.fail(request_id, message)
+
+    def _end(self, request_id: str, status: RequestStatus, event) -> bool:
         request = self.requests.get(request_id)
         if request is None:
             return False
-        request.cancel_requested_at = time.perf_counter()
         was_running = request.status == RequestStatus.RUNNING
-        self._finish(request, RequestStatus.FINISHED_ABORTED, Aborted(reason))
+        self._finish(request, status, event)
         if was_running:
             self._freed.append(request_id)
         self._publish_positions()
         return True
-
-    def abort_all(self, reason: str) -> None:
-        for request_id in list(self.requests):
-            self.abort(request_id, reason)
 
     def take_freed(self) -> list[str]:
         freed, self._freed = self._freed, []
@@ -163,11 +180,12 @@ class Scheduler:
         new: list[Request] = []
         may_admit = self.mode == "step" or not group.running
         if may_admit:
-            free_slots = self.max_batch - len(group.running)
+            free_slots = self.max_batch_requests - len(group.running)
             for request in self._admission_order(group.waiting)[: max(free_slots, 0)]:
                 new.append(request)
                 self._admit(group, request)
-        batch = tuple(group.running[: self.max_batch])
+        batch = tuple(group.running[: self.max_batch_requests])
+        group.served += sum(request.cost.per_step for request in batch)
         now = time.perf_counter()
         for request in new:
             request.started_at = now
@@ -183,12 +201,8 @@ class Scheduler:
             for key, group in self._groups.items():
                 if group.running:
                     return key
-        for _ in range(len(self._turns)):
-            key = self._turns[0]
-            self._turns.rotate(-1)
-            if self._groups[key].has_work:
-                return key
-        return None
+        with_work = [(group.served, group.created, key) for key, group in self._groups.items() if group.has_work]
+        return min(with_work, key=lambda entry: entry[:2])[2] if with_work else None
 
     def _admit(self, group: _Group, request: Request) -> None:
         group.waiting.remove(request)
@@ -246,11 +260,8 @@ class Scheduler:
             group.waiting.remove(request)
         if not group.has_work:
             del self._groups[request.batch_key]
-            self._turns.remove(request.batch_key)
         request.status = status
         request.finished_at = time.perf_counter()
-        if isinstance(event, Aborted):
-            request.abort_reason = event.reason
         del self.requests[request.request_id]
         self._last_position.pop(request.request_id, None)
         if not any(r.session_id == request.session_id for r in self.requests.values()):

@@ -54,14 +54,18 @@ class StageStats:
 @dataclass(frozen=True)
 class EngineStats:
     mode: str
-    max_batch: int
-    current_batch_size: int
+    max_batch_requests: int  # requests per forward (a CFG request puts 2 rows in it)
+    current_batch_size: int  # requests in the forward now
     steps_per_s: float  # request-steps per second, recent
     forwards: int
-    forwards_by_batch_size: dict[int, int] = field(default_factory=dict)
+    forwards_by_batch_size: dict[int, int] = field(default_factory=dict)  # requests per forward -> count
     finished: dict[str, int] = field(default_factory=dict)  # final status -> count
     stages: StageStats = StageStats()
-    phase: str = "idle"  # what the engine thread does now: idle | encode | denoise | decode
+
+    @property
+    def max_batch(self) -> int:
+        """The old name of max_batch_requests."""
+        return self.max_batch_requests
 
 
 @dataclass(frozen=True)
@@ -105,12 +109,12 @@ def build_snapshot(scheduler: "Scheduler", activity: EngineActivity) -> EngineSn
                 eta_s=None if step_s is None else remaining * step_s * groups,
             )
         )
-    # Waiting requests: ETA = the work queued ahead of them spread over max_batch slots.
+    # Waiting requests: ETA = the work queued ahead of them spread over the batch's slots.
     ahead_steps = sum(r.total_steps - r.steps_done for r in running)
     for position, request in enumerate(scheduler.waiting_order(), start=1):
         eta = None
         if step_s is not None:
-            eta = (ahead_steps / scheduler.max_batch + request.total_steps) * step_s
+            eta = (ahead_steps / scheduler.max_batch_requests + request.total_steps) * step_s
         views.append(
             RequestView(
                 request_id=request.request_id,
@@ -129,13 +133,12 @@ def build_snapshot(scheduler: "Scheduler", activity: EngineActivity) -> EngineSn
         ahead_steps += request.total_steps
     stats = EngineStats(
         mode=scheduler.mode,
-        max_batch=scheduler.max_batch,
+        max_batch_requests=scheduler.max_batch_requests,
         current_batch_size=len(batch & scheduler.requests.keys()),
         steps_per_s=activity.steps_per_s(now),
         forwards=sum(activity.forwards_by_batch_size.values()),
         forwards_by_batch_size=dict(activity.forwards_by_batch_size),
         finished=dict(activity.finished),
         stages=StageStats(**activity.stage_means),
-        phase=activity.phase,
     )
     return EngineSnapshot(taken_at=now, requests=tuple(views), stats=stats)

@@ -5,7 +5,11 @@ its "model" is a closed-form function of each row's OWN latents, timestep and pr
 embedding. So a request's result can't depend on its batch-mates: any leak between rows
 shows up as a changed image. It also records every forward and every text-encoder call
 (its prompts go through a real PromptEmbeddingCache), and can be told to fail: a prompt
-containing "[fail:<method>]" raises in that method, "[nan]" makes NaN latents.
+containing "[fail:<method>]" raises in that method, "[nan]" makes NaN latents, and
+"[crash]" raises `EngineCrash` in the forward: not an `Exception`, so no request-level
+isolation catches it and the engine thread itself goes down (for testing that path).
+`max_forward_tokens` makes a forward with more latent tokens than that raise torch's
+OutOfMemoryError, as a device that is too small would.
 
 Use it from the command line with `python app.py --model toy`.
 """
@@ -44,6 +48,10 @@ def prompt_embedding(prompt: str) -> torch.Tensor:
     return torch.randn(LATENT_CHANNELS, generator=generator)
 
 
+class EngineCrash(BaseException):
+    """Injected by a "[crash]" prompt: escapes every `except Exception` of the engine."""
+
+
 def _maybe_fail(state: RequestState, method: str) -> None:
     if f"[fail:{method}]" in state.params.prompt:
         raise RuntimeError(f"injected failure in {method} for this prompt")
@@ -57,9 +65,11 @@ class ToyPipeline:
         step_delay_s: float = 0.0,
         defaults: ModelDefaults | None = None,
         on_forward: Callable[[int, Batch], None] | None = None,
+        max_forward_tokens: int | None = None,
     ) -> None:
         # Sleep per forward, to stand in for model compute in UI and scheduling tests.
         self.step_delay_s = step_delay_s
+        self.max_forward_tokens = max_forward_tokens  # a forward with more raises OutOfMemoryError
         # Called on the engine thread before forward number i (0-based): lets tests act at an
         # exact step boundary (submit, cancel) instead of racing the engine thread.
         self.on_forward = on_forward
@@ -91,6 +101,10 @@ class ToyPipeline:
     def batch_key(self, params: GenerationParams) -> ToyBatchKey:
         return ToyBatchKey(width=params.width, height=params.height)
 
+    def forward_size(self, params: GenerationParams) -> tuple[int, int]:
+        """One row per request (no CFG), one token per latent cell."""
+        return 1, (params.width // SCALE) * (params.height // SCALE)
+
     def encode_prompts(self, params: Sequence[GenerationParams]) -> None:
         for p in params:
             if "[fail:encode_prompts]" in p.prompt:
@@ -113,8 +127,13 @@ class ToyPipeline:
     def denoise_step(self, batch: Batch) -> list[torch.Tensor]:
         for state in batch.states:
             _maybe_fail(state, "denoise_step")
+        tokens = sum(self.forward_size(state.params)[1] for state in batch.states)
+        if self.max_forward_tokens is not None and tokens > self.max_forward_tokens:
+            raise torch.OutOfMemoryError(f"toy device: {tokens} tokens in one forward, room for {self.max_forward_tokens}")
         if self.on_forward is not None:
             self.on_forward(len(self.forward_log), batch)
+        if any("[crash]" in state.params.prompt for state in batch.states):
+            raise EngineCrash("injected crash of the engine thread")
         self.forward_log.append(batch.request_ids)
         if self.step_delay_s:
             time.sleep(self.step_delay_s)

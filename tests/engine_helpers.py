@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import numpy as np
 
@@ -43,5 +44,26 @@ def pixels(final) -> np.ndarray:
 
 def solo_pixels(p: GenerationParams) -> np.ndarray:
     """The image a request makes when it runs entirely alone."""
-    with running_engine(max_batch=1) as engine:
+    with running_engine(max_batch_requests=1) as engine:
         return pixels(engine.submit(p).result(timeout=30))
+
+
+class StepGate:
+    """An `on_forward` hook that holds the engine thread inside forward `index` until released,
+    so a test can look at or act on the engine at an exact step, with no sleeps or timing."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self._reached = threading.Event()
+        self._released = threading.Event()
+
+    def __call__(self, index: int, batch) -> None:
+        if index == self.index:
+            self._reached.set()
+            assert self._released.wait(30), "the test never released the engine"
+
+    def wait(self) -> None:
+        assert self._reached.wait(30), f"the engine never reached forward {self.index}"
+
+    def release(self) -> None:
+        self._released.set()

@@ -9,6 +9,5 @@ import engine_overhead  # noqa: E402
 
 
 def test_overhead_benchmark_runs_every_step_of_every_request():
-    ms_per_step = engine_overhead.measure(running=4, steps=20)
-    # measure() itself asserts every request completed and exactly 20 forwards ran.
-    assert ms_per_step > 0
+    # measure() itself asserts that every request completed and that exactly 20 forwards ran.
+    engine_overhead.measure(running=4, steps=20)
