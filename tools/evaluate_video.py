@@ -1,0 +1,236 @@
+"""Score generated moving-shapes clips against their captions: colour, shape, background, direction.
+
+Deterministic image analysis, no learned model. Per clip:
+- background: median of the border pixels of every frame -> nearest palette colour;
+- shape colour: median of the pixels far (> 60 RGB) from the background, over every frame;
+- foreground mask of each frame: pixels closer to the shape colour than to the background;
+- colour: median of the masks' pixels -> nearest palette colour;
+- shape: per frame, IoU of the mask with a circle, square and triangle drawn into its box
+  (tools/evaluate_builtin.py); the majority over frames wins;
+- direction: the centroid track of the masks; a least-squares line through it gives the
+  displacement from the first frame to the last; its larger axis and sign name the direction.
+  Less than MIN_TRAVEL_PIXELS of displacement counts as no motion (wrong for every caption).
+
+CLI (runs the stock diffusers WanPipeline with the model's serving defaults):
+
+    python -m tools.evaluate_video --model assets/shapes-wan --split held-out --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from tools.evaluate_builtin import border_pixels, classify_shape, nearest_palette_color, robust_box
+from tools.moving_shapes_world import (
+    DIRECTION_VECTORS,
+    FRAME_SIZE,
+    TRAVEL_PIXELS,
+    MotionSpec,
+    caption,
+    held_out_specs,
+    parse_caption,
+    training_specs,
+)
+
+ATTRIBUTES: tuple[str, ...] = ("color", "shape", "background", "direction")
+
+# A pixel this far (RGB distance) from the background is surely part of the shape.
+_SURE_FOREGROUND_DISTANCE = 60.0
+# A frame whose mask has fewer pixels than this shows no shape.
+_MIN_MASK_PIXELS = 12
+# A third of the rendered travel: less than this is "not moving".
+MIN_TRAVEL_PIXELS = TRAVEL_PIXELS / 3.0
+
+
+@dataclass(frozen=True)
+class VideoMeasurement:
+    """What a clip shows; None where the clip shows no shape (or, for direction, no motion)."""
+
+    background: str
+    color: str | None
+    shape: str | None
+    direction: str | None
+    track: tuple[tuple[float, float] | None, ...]  # mask centroid (x, y) per frame
+
+
+def as_frame_arrays(frames) -> list[np.ndarray]:
+    """PIL images, uint8 arrays or float arrays in [0, 1] (WanPipeline's "np" output) ->
+    float32 [H, W, 3] arrays on the 0-255 scale."""
+    arrays = []
+    for frame in frames:
+        if isinstance(frame, Image.Image):
+            array = np.asarray(frame.convert("RGB"), dtype=np.float32)
+        else:
+            array = np.asarray(frame)
+            array = array.astype(np.float32) * (255.0 if array.dtype.kind == "f" else 1.0)
+        if array.shape != (FRAME_SIZE, FRAME_SIZE, 3):
+            raise ValueError(f"expected {FRAME_SIZE}x{FRAME_SIZE} RGB frames, got an array of shape {array.shape}")
+        arrays.append(array)
+    if not arrays:
+        raise ValueError("a clip needs at least one frame, got none")
+    return arrays
+
+
+def centroid(mask: np.ndarray) -> tuple[float, float] | None:
+    if mask.sum() < _MIN_MASK_PIXELS:
+        return None
+    ys, xs = np.nonzero(mask)
+    return float(xs.mean()) + 0.5, float(ys.mean()) + 0.5  # pixel centres
+
+
+def classify_direction(track: list[tuple[float, float] | None]) -> str | None:
+    """Direction of the least-squares line through the track's visible points, or None when
+    fewer than half the frames show the shape or it travels less than MIN_TRAVEL_PIXELS."""
+    visible = [(index, point) for index, point in enumerate(track) if point is not None]
+    if len(visible) < max(2, len(track) // 2):
+        return None
+    times = np.array([index for index, _ in visible], dtype=np.float64)
+    points = np.array([point for _, point in visible], dtype=np.float64)
+    slope = np.polyfit(times, points, deg=1)[0]  # [dx/frame, dy/frame]
+    dx, dy = slope * (len(track) - 1)
+    if max(abs(dx), abs(dy)) < MIN_TRAVEL_PIXELS:
+        return None
+    step = (int(np.sign(dx)), 0) if abs(dx) >= abs(dy) else (0, int(np.sign(dy)))
+    return next(name for name, vector in DIRECTION_VECTORS.items() if vector == step)
+
+
+def measure_video(frames) -> VideoMeasurement:
+    arrays = as_frame_arrays(frames)
+    background_rgb = np.median(np.concatenate([border_pixels(a) for a in arrays]), axis=0)
+    background = nearest_palette_color(background_rgb)
+    distances = [np.linalg.norm(a - background_rgb, axis=-1) for a in arrays]
+    sure = np.concatenate([a[d > _SURE_FOREGROUND_DISTANCE] for a, d in zip(arrays, distances)])
+    if len(sure) < _MIN_MASK_PIXELS:
+        return VideoMeasurement(background, None, None, None, tuple(None for _ in arrays))
+    shape_rgb = np.median(sure, axis=0)
+    masks = [np.linalg.norm(a - shape_rgb, axis=-1) < d for a, d in zip(arrays, distances)]
+    track = [centroid(mask) for mask in masks]
+    shapes = Counter(classify_shape(mask, robust_box(mask)) for mask in masks if mask.sum() >= _MIN_MASK_PIXELS)
+    shown = np.concatenate([a[mask] for a, mask in zip(arrays, masks)])
+    return VideoMeasurement(
+        background=background,
+        color=nearest_palette_color(np.median(shown, axis=0)) if len(shown) else None,
+        shape=shapes.most_common(1)[0][0] if shapes else None,
+        direction=classify_direction(track),
+        track=tuple(track),
+    )
+
+
+def score_video(spec: MotionSpec, frames) -> dict[str, bool]:
+    seen = measure_video(frames)
+    return {attribute: getattr(seen, attribute) == getattr(spec, attribute) for attribute in ATTRIBUTES}
+
+
+def evaluate_videos(pairs: list[tuple[str, object]]) -> dict[str, float]:
+    """Per-attribute accuracy over (caption, frames) pairs, each in [0, 1]."""
+    if not pairs:
+        raise ValueError("evaluate_videos needs at least one (caption, frames) pair, got none")
+    hits = {attribute: 0 for attribute in ATTRIBUTES}
+    for text, frames in pairs:
+        for attribute, correct in score_video(parse_caption(text), frames).items():
+            hits[attribute] += int(correct)
+    return {attribute: hits[attribute] / len(pairs) for attribute in ATTRIBUTES}
+
+
+def load_serving_defaults(model_dir: Path) -> dict:
+    path = Path(model_dir) / "stepstudio.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; the model folder must carry its serving defaults")
+    return json.loads(path.read_text())
+
+
+def load_pipeline(model_dir: Path):
+    """The stock WanPipeline from a folder, fp32, safetensors only, offline.
+
+    diffusers 0.42 loads WanTransformer3DModel (it has `_keep_in_fp32_modules`) only through
+    `accelerate`; without it from_pretrained refuses. The transformer is then built from its
+    config and given its safetensors weights directly (everything is fp32 here anyway)."""
+    from diffusers import WanPipeline, WanTransformer3DModel
+    from diffusers.utils import is_accelerate_available
+    from safetensors.torch import load_file
+
+    model_dir = Path(model_dir)
+    extra = {}
+    if not is_accelerate_available():
+        folder = model_dir / "transformer"
+        transformer = WanTransformer3DModel.from_config(WanTransformer3DModel.load_config(folder))
+        transformer.load_state_dict(load_file(folder / "diffusion_pytorch_model.safetensors"), strict=True)
+        extra["transformer"] = transformer.eval()
+    pipe = WanPipeline.from_pretrained(model_dir, use_safetensors=True, **extra)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def generate(pipe, prompts: list[str], defaults: dict, steps: int, guidance_scale: float, seed: int, batch: int):
+    """Clips for `prompts` from the stock WanPipeline: float arrays [T, H, W, 3] in [0, 1]."""
+    import torch
+
+    clips = []
+    for start in range(0, len(prompts), batch):
+        chunk = prompts[start : start + batch]
+        generator = torch.Generator("cpu").manual_seed(seed + start)
+        result = pipe(
+            prompt=chunk,
+            negative_prompt=[defaults["negative_prompt"]] * len(chunk),
+            height=defaults["height"],
+            width=defaults["width"],
+            num_frames=defaults["num_frames"],
+            num_inference_steps=steps,
+            guidance_scale=guidance_scale,
+            max_sequence_length=defaults["max_sequence_length"],
+            generator=generator,
+            output_type="np",
+        )
+        clips.extend(list(result.frames))
+    return clips
+
+
+def evaluation_prompts(split: str, repeats: int) -> list[str]:
+    specs = held_out_specs() if split == "held-out" else training_specs()[::13]
+    return [caption(spec) for spec in specs] * repeats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=Path("assets/shapes-wan"))
+    parser.add_argument("--split", choices=("held-out", "training"), default="held-out",
+                        help="held-out: the 48 combinations the trainer never saw; training: every 13th seen one")
+    parser.add_argument("--repeats", type=int, default=2, help="clips per prompt (different noise)")
+    parser.add_argument("--steps", type=int, default=None, help="denoise steps (default: the model's)")
+    parser.add_argument("--cfg", type=float, nargs="*", default=None, help="guidance scales (default: the model's)")
+    parser.add_argument("--seed", type=int, default=1234, help="noise seed")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    defaults = load_serving_defaults(args.model)
+    steps = args.steps or defaults["num_inference_steps"]
+    scales = args.cfg if args.cfg else [defaults["guidance_scale"]]
+    pipe = load_pipeline(args.model)
+    prompts = evaluation_prompts(args.split, args.repeats)
+    print(f"model {args.model}, {args.split} split, {len(prompts)} clips, {steps} steps, "
+          f"{defaults['num_frames']}x{defaults['height']}x{defaults['width']}, seed {args.seed}\n")
+    print("| guidance | " + " | ".join(ATTRIBUTES) + " | s/clip |")
+    print("|---|" + "---|" * (len(ATTRIBUTES) + 1))
+    for scale in scales:
+        started = time.perf_counter()
+        clips = generate(pipe, prompts, defaults, steps, scale, args.seed, args.batch)
+        per_clip = (time.perf_counter() - started) / len(prompts)
+        scores = evaluate_videos(list(zip(prompts, clips)))
+        cells = " | ".join(f"{scores[a]:.2f}" for a in ATTRIBUTES)
+        print(f"| {scale:g} | {cells} | {per_clip:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
