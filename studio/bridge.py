@@ -7,12 +7,22 @@ or closing its generator (a client's `job.cancel()`, a closed tab, an error), an
 of those paths runs that `finally`, so an abandoned request frees its batch slot at the next
 step boundary. The Cancel button and `/cancel` ask the engine instead: the stream then ends
 with an `Aborted` event that the handler shows.
+
+Identity: `session_id_of` turns a Gradio request into the engine session it acts for. Gradio
+lets a client choose its `session_hash`, so that string is never used as is: the engine
+session is "ui:" + a keyed hash (a key only this process knows) of the login name and the
+session hash. It can't be chosen to equal anyone else's, and never one of the HTTP API's
+sessions (those start with "http:").
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
+import html
 import math
+import secrets
 import tempfile
 from dataclasses import asdict, dataclass, replace
 from typing import AsyncIterator, Iterator
@@ -147,13 +157,19 @@ class FormValues:
         )
 
 
+def user_error(message: str, title: str) -> gr.Error:
+    """A gr.Error for the user's own mistake or a busy server: shown as text (the modal renders
+    HTML), and no traceback in the server's log for it."""
+    return gr.Error(html.escape(message, quote=False), title=title, print_exception=False)
+
+
 @contextlib.contextmanager
 def engine_errors_as_gradio() -> Iterator[None]:
     """Show the engine's own message to the user for bad input or a full server."""
     try:
         yield
     except (ValueError, AdmissionError) as exc:
-        raise gr.Error(str(exc), title="Request not accepted") from exc
+        raise user_error(str(exc), "Request not accepted") from None
 
 
 # ---------------------------------------------------------------------------- the stream
@@ -176,13 +192,52 @@ async def follow_request(engine: Engine, form: FormValues, session_id: str, prev
         async for event in handle.stream():
             status = status_after(status, event)
             yield Update(status, event)
+            if isinstance(event, Aborted) and event.cause == "shutdown":
+                raise user_error(f"The server is shutting down: {event.reason}. Try again once it is back.",
+                                 "Server shutting down")
     finally:
         handle.cancel()  # a no-op once the request has ended
 
 
+UI_SESSION_PREFIX = "ui:"
+_SESSION_KEY = secrets.token_bytes(32)  # per process: engine sessions can't be computed from outside
+
+
 def session_id_of(request: gr.Request | None) -> str:
+    """The engine session a Gradio caller acts for (see the module docstring): 'ui:' + a keyed
+    hash of its login name and Gradio session hash."""
     session = getattr(request, "session_hash", None)
-    return session or "anonymous"
+    user = getattr(request, "username", None)
+    text = f"{user if isinstance(user, str) else ''}\0{session if isinstance(session, str) else ''}"
+    digest = hmac.new(_SESSION_KEY, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+    return UI_SESSION_PREFIX + digest[:24]
+
+
+def own_request_id(engine: Engine, request_id: object, session_id: str) -> str:
+    """A request id as a caller typed it: the full id, or a short one (as the queue view shows)
+    that matches exactly one of the caller's own requests. gr.Error for anything but text."""
+    if not isinstance(request_id, str):
+        raise user_error(
+            f"request_id must be text (a request id from /generate's status), got {type(request_id).__name__}.",
+            "Bad request id",
+        )
+    request_id = request_id.strip()
+    if len(request_id) >= 32:
+        return request_id
+    matches = [v.request_id for v in engine.snapshot().requests
+               if v.session_id == session_id and v.request_id.startswith(request_id)]
+    return matches[0] if request_id and len(matches) == 1 else request_id
+
+
+def cancel_own_request(engine: Engine, request_id: object, session_id: str) -> dict:
+    """Cancel one of the caller's requests (the /cancel endpoint): gr.Error for someone else's."""
+    full_id = own_request_id(engine, request_id, session_id)
+    try:
+        cancelled = engine.cancel(full_id, session_id)
+    except PermissionError as exc:
+        raise user_error(str(exc), "Not your request") from None
+    message = "cancelling at the next step boundary" if cancelled else "unknown or already finished"
+    return {"request_id": full_id, "cancelled": cancelled, "message": message}
 
 
 # ---------------------------------------------------------------------------- media

@@ -21,6 +21,7 @@ from studio.bridge import (
     FormValues,
     Status,
     Update,
+    cancel_own_request,
     final_media,
     follow_request,
     preview_image,
@@ -346,14 +347,7 @@ def _wire_api(engine: Engine, config: StudioOptions, api: ApiComponents) -> None
     def cancel(request_id: str, request: gr.Request) -> dict:
         """Cancel one of YOUR requests by its request_id (from /generate's status); it stops at
         the next step boundary. Other sessions' requests can't be cancelled."""
-        session = session_id_of(request)
-        full_id = _own_request_id(engine, request_id, session)
-        try:
-            cancelled = engine.cancel(full_id, session)
-        except PermissionError as exc:
-            raise gr.Error(str(exc), title="Not your request") from exc
-        message = "cancelling at the next step boundary" if cancelled else "unknown or already finished"
-        return {"request_id": full_id, "cancelled": cancelled, "message": message}
+        return cancel_own_request(engine, request_id, session_id_of(request))
 
     def queue(request: gr.Request) -> dict:
         """The engine's queue and figures now; your requests have "mine": true and full ids."""
@@ -361,16 +355,6 @@ def _wire_api(engine: Engine, config: StudioOptions, api: ApiComponents) -> None
 
     gr.api(cancel, api_name="cancel", queue=False)
     gr.api(queue, api_name="queue", queue=False)
-
-
-def _own_request_id(engine: Engine, request_id: str, session: str) -> str:
-    """Accept a short id (as the queue view shows) when it matches exactly one own request."""
-    request_id = (request_id or "").strip()
-    if len(request_id) >= 32:
-        return request_id
-    matches = [v.request_id for v in engine.snapshot().requests
-               if v.session_id == session and v.request_id.startswith(request_id)]
-    return matches[0] if request_id and len(matches) == 1 else request_id
 
 
 # ---------------------------------------------------------------------------- the page
