@@ -6,7 +6,14 @@ Never imports gradio: the studio and the HTTP API sit on top of this package.
 from engine.cost import RequestCost, SizedForward
 from engine.engine import Engine
 from engine.events import Aborted, Completed, Event, Failed, Progress, Queued, RequestHandle, Started, Timings
-from engine.limits import AdmissionError, EngineClosedError, QueueFullError, ServingLimits, SessionLimitError
+from engine.limits import (
+    AdmissionError,
+    EngineClosedError,
+    EngineFailedError,
+    QueueFullError,
+    ServingLimits,
+    SessionLimitError,
+)
 from engine.request import RequestStatus
 from engine.snapshot import EngineSnapshot, EngineStats, RequestView
 from pipelines.params import GenerationParams
@@ -17,6 +24,7 @@ __all__ = [
     "Completed",
     "Engine",
     "EngineClosedError",
+    "EngineFailedError",
     "EngineSnapshot",
     "EngineStats",
     "Event",

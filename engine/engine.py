@@ -26,7 +26,7 @@ from typing import Hashable
 from engine.activity import EngineActivity
 from engine.cost import RequestCost, request_cost
 from engine.events import Failed, RequestHandle, deliver_pending
-from engine.limits import EngineClosedError, QueueFullError, ServingLimits, SessionLimitError
+from engine.limits import EngineClosedError, EngineFailedError, QueueFullError, ServingLimits, SessionLimitError
 from engine.metrics import EngineMetrics
 from engine.request import Request, RequestStatus
 from engine.runner import ModelRunner
@@ -251,7 +251,7 @@ class Engine:
         if self._closed:
             self.metrics.requests_rejected.labels("closed").inc()
             if self._failure is not None:
-                raise EngineClosedError(f"{self._failure}; no new requests are accepted.")
+                raise EngineFailedError(f"{self._failure}; no new requests are accepted.")
             raise EngineClosedError("the engine is shutting down; no new requests are accepted.")
         if len(self._in_flight) >= self.limits.max_queue:
             self.metrics.requests_rejected.labels("queue_full").inc()

@@ -21,7 +21,11 @@ class SessionLimitError(AdmissionError):
 
 
 class EngineClosedError(AdmissionError):
-    pass
+    """The engine was shut down, or crashed (then it is an EngineFailedError)."""
+
+
+class EngineFailedError(EngineClosedError):
+    """The engine thread crashed: nothing runs until the process is restarted."""
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,17 @@
     POST /v1/images/generations      OpenAI Images request -> PNG images (b64_json or url)
     GET  /v1/images/files/{name}     the PNGs behind response_format="url" (expire after a while)
     GET  /v1/models[/{model}]        the loaded model
-    GET  /healthz                    engine alive, queue depth, running requests
+    GET  /v1/openapi.json            this API's OpenAPI document
+    GET  /healthz                    engine alive (details: queue depth, running requests)
     GET  /metrics                    Prometheus text of the engine's metrics
+    any other /v1 path or method     404 / 405 in OpenAI's error shape
 
 `build_router(engine)` returns a FastAPI router the studio's app includes. Every request body
-is size-capped and validated with strict types before the engine sees it; errors come back in
-OpenAI's shape (see `studio.http_errors`). The `n` images of one call are `n` engine requests
-submitted together, so they share denoise forwards with each other and with everyone else's.
+must be JSON, is size-capped, must arrive within a time limit, and is validated with strict
+types before the engine sees it; errors come back in OpenAI's shape (see `studio.http_errors`).
+The `n` images of one call are `n` engine requests submitted together, so they share denoise
+forwards with each other and with everyone else's. With API keys configured, every route but
+the image files and the health probe wants one, and wrong keys are slowed down per host.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ import asyncio
 import base64
 import hashlib
 import io
+import math
 import re
 import secrets
 import time
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Literal, Mapping
 
 import fastapi
 import pydantic
@@ -35,35 +41,70 @@ from pipelines.params import MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS_ABSOLUTE
 from studio import http_errors
 from studio.http_errors import ApiError
 from studio.image_files import ImageFileStore
+from studio.throttle import FailedAttempts, LockedOut
 
 if TYPE_CHECKING:
     from PIL import Image
 
 _SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
+_KEY_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
 @dataclass(frozen=True)
 class HttpApiConfig:
     max_images_per_request: int = 8  # the largest `n`
     max_body_bytes: int = 64 * 1024  # a request body is a few prompts and numbers
+    body_timeout_s: float = 10.0  # a body that has not fully arrived by then is refused (408)
     image_ttl_s: float = 3600.0  # how long a response_format="url" image stays fetchable
     image_store_max_files: int = 256
     image_store_max_bytes: int = 256 * 2**20
+    image_store_files_per_caller: int = 32  # one caller can't push the others' images out
     # Base of the image URLs when the server sits behind a proxy (default: the request's own).
     public_base_url: str | None = None
-    # When set, /v1/ routes require "Authorization: Bearer <one of these>" (401 otherwise).
-    # Unset, a bearer token only names the caller's session.
-    api_keys: frozenset[str] = frozenset()
+    # API keys by caller name, e.g. {"alice": "sk-..."} (a set of keys works too; each is then
+    # named by a short hash of itself). When given, /v1/ routes, /metrics and /v1/openapi.json
+    # require "Authorization: Bearer <key>" (401 otherwise) and each key is its own session,
+    # "http:key:<name>". Without keys the API is open and every caller from one host is one
+    # session, "http:host:<address>" (a bearer token names nothing: anyone could make one up).
+    api_keys: Mapping[str, str] | frozenset[str] = field(default_factory=dict)
+    # Wrong keys, per client host: each costs this long, and this many in a minute lock the
+    # host out for a minute (429).
+    failed_key_delay_s: float = 1.0
+    max_failed_keys: int = 10
 
     def __post_init__(self) -> None:
-        for name in ("max_images_per_request", "max_body_bytes", "image_store_max_files", "image_store_max_bytes"):
+        for name in (
+            "max_images_per_request", "max_body_bytes", "image_store_max_files", "image_store_max_bytes",
+            "image_store_files_per_caller", "max_failed_keys",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-        if not self.image_ttl_s > 0:
-            raise ValueError(f"image_ttl_s must be positive, got {self.image_ttl_s!r}.")
-        if isinstance(self.api_keys, str) or not all(isinstance(k, str) and k for k in self.api_keys):
-            raise ValueError("api_keys must be a set of non-empty strings (a single key goes in a set too).")
+        for name in ("image_ttl_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}.")
+        if not self.failed_key_delay_s >= 0:
+            raise ValueError(f"failed_key_delay_s must be >= 0, got {self.failed_key_delay_s!r}.")
+        object.__setattr__(self, "api_keys", MappingProxyType(_named_keys(self.api_keys)))
+
+
+def _named_keys(api_keys: Mapping[str, str] | frozenset[str]) -> dict[str, str]:
+    """{name: key}, checked: names are short words, keys non-empty and distinct."""
+    if isinstance(api_keys, str):
+        raise ValueError("api_keys must be a {name: key} mapping or a set of keys, not one string.")
+    if not isinstance(api_keys, Mapping):
+        if not all(isinstance(key, str) and key for key in api_keys):
+            raise ValueError("api_keys must hold non-empty strings.")
+        api_keys = {"key-" + hashlib.sha256(key.encode()).hexdigest()[:12]: key for key in api_keys}
+    named = dict(api_keys)
+    for name, key in named.items():
+        if not isinstance(name, str) or not _KEY_NAME.fullmatch(name):
+            raise ValueError(f"API key name {name!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-'.")
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"the API key of {name!r} must be a non-empty string.")
+    if len(set(named.values())) != len(named):
+        raise ValueError("two API key names share one key: give every caller its own key.")
+    return named
 
 
 class ImageGenerationRequest(pydantic.BaseModel):
@@ -85,13 +126,22 @@ class ImageGenerationRequest(pydantic.BaseModel):
     seed: int | None = pydantic.Field(default=None, ge=0, le=MAX_SEED)
 
 
-def build_router(engine_: engine.Engine, config: HttpApiConfig | None = None) -> fastapi.APIRouter:
-    """The API's routes, bound to one running engine."""
+def build_router(
+    engine_: engine.Engine, config: HttpApiConfig | None = None, attempts: FailedAttempts | None = None
+) -> fastapi.APIRouter:
+    """The API's routes, bound to one running engine. `attempts` counts wrong keys per host
+    (share one with the login page's guard, so both doors count the same guesses)."""
     config = config or HttpApiConfig()
+    attempts = attempts or FailedAttempts(delay_s=config.failed_key_delay_s, max_failures=config.max_failed_keys)
     images = ImageFileStore(
-        max_files=config.image_store_max_files, max_bytes=config.image_store_max_bytes, ttl_s=config.image_ttl_s
+        max_files=config.image_store_max_files, max_bytes=config.image_store_max_bytes, ttl_s=config.image_ttl_s,
+        max_files_per_owner=config.image_store_files_per_caller,
     )
     router = fastapi.APIRouter()
+
+    async def caller(request: Request) -> str:
+        """The engine session of this caller; checks its key when keys are configured."""
+        return _session_id(request, await _key_name(request, config, attempts))
 
     # The body is read and validated by hand (size cap, OpenAI-shaped errors); this documents it.
     body_schema = {"content": {"application/json": {"schema": ImageGenerationRequest.model_json_schema()}}}
@@ -103,8 +153,9 @@ def build_router(engine_: engine.Engine, config: HttpApiConfig | None = None) ->
     )
     async def images_generations(request: Request) -> Response:
         try:
-            _check_api_key(request, config.api_keys)
-            return await _generate_images(engine_, config, images, request)
+            _check_json_body(request)
+            session = await caller(request)
+            return await _generate_images(engine_, config, images, request, session)
         except ApiError as error:
             return error.to_response()
 
@@ -114,7 +165,7 @@ def build_router(engine_: engine.Engine, config: HttpApiConfig | None = None) ->
         png = images.get(name)
         if png is None:
             return ApiError(
-                404, f"image {name!r} does not exist or has expired (images are kept {config.image_ttl_s:g} s).",
+                404, f"image {name[:80]!r} does not exist or has expired (images are kept {config.image_ttl_s:g} s).",
                 param="name", code="image_not_found",
             ).to_response()
         return Response(png, media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})
@@ -122,7 +173,7 @@ def build_router(engine_: engine.Engine, config: HttpApiConfig | None = None) ->
     @router.get("/v1/models")
     async def list_models(request: Request) -> Response:
         try:
-            _check_api_key(request, config.api_keys)
+            await caller(request)
         except ApiError as error:
             return error.to_response()
         return JSONResponse({"object": "list", "data": [_model_card(engine_)]})
@@ -130,39 +181,78 @@ def build_router(engine_: engine.Engine, config: HttpApiConfig | None = None) ->
     @router.get("/v1/models/{model}")
     async def retrieve_model(model: str, request: Request) -> Response:
         try:
-            _check_api_key(request, config.api_keys)
+            await caller(request)
         except ApiError as error:
             return error.to_response()
         if model != engine_.info.name:
-            return http_errors.unknown_model(model, engine_.info.name).to_response()
+            return http_errors.unknown_model(model[:256], engine_.info.name).to_response()
         return JSONResponse(_model_card(engine_))
 
+    @router.get("/v1/openapi.json", include_in_schema=False)
+    async def openapi(request: Request) -> Response:
+        try:
+            await caller(request)
+        except ApiError as error:
+            return error.to_response()
+        return JSONResponse(request.app.openapi())
+
     @router.get("/healthz")
-    async def healthz() -> JSONResponse:
-        snapshot = engine_.snapshot()
+    async def healthz(request: Request) -> JSONResponse:
+        """For probes: status and liveness to anyone; the details, with a key when keys are set."""
         alive = engine_.is_alive
-        body = {
-            "status": "ok" if alive else "unavailable",
-            "engine_alive": alive,
-            "model": engine_.info.name,
-            "mode": engine_.mode,
-            "queue_depth": len(snapshot.waiting),
-            "running": len(snapshot.running),
-        }
+        body: dict = {"status": "ok" if alive else "unavailable", "engine_alive": alive}
+        if not config.api_keys or "authorization" in request.headers:
+            try:
+                await caller(request)
+            except ApiError as error:
+                return error.to_response()
+            snapshot = engine_.snapshot()
+            body.update(
+                model=engine_.info.name, mode=engine_.mode, queue_depth=len(snapshot.waiting),
+                running=len(snapshot.running), error=engine_.failure,
+            )
         return JSONResponse(body, status_code=200 if alive else 503)
 
     @router.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        try:
+            await caller(request)
+        except ApiError as error:
+            return error.to_response()
         return Response(engine_.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    known = list(router.routes)
+
+    @router.api_route("/v1/{path:path}", methods=_ALL_METHODS, include_in_schema=False)
+    async def unknown_v1_route(request: Request, path: str) -> Response:
+        """Any other /v1 path or method: an answer in OpenAI's error shape, not Gradio's."""
+        target = request.url.path
+        allowed = sorted({m for route in known for m in route.methods if route.path_regex.match(target)})
+        if allowed:
+            error = ApiError(
+                405, f"{request.method} is not allowed on {target[:200]}; use {', '.join(allowed)}.",
+                code="method_not_allowed",
+            )
+            response = error.to_response()
+            response.headers["Allow"] = ", ".join(allowed)
+            return response
+        return ApiError(404, f"Invalid URL ({request.method} {target[:200]}): see GET /v1/openapi.json.",
+                        code="unknown_url").to_response()
 
     return router
 
 
+_ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
 # ---------------------------------------------------------------------- images.generations
 async def _generate_images(
-    engine_: engine.Engine, config: HttpApiConfig, images: ImageFileStore, request: Request
+    engine_: engine.Engine, config: HttpApiConfig, images: ImageFileStore, request: Request, session: str
 ) -> Response:
-    body = await _read_body(request, config.max_body_bytes)
+    try:
+        body = await asyncio.wait_for(_read_body(request, config.max_body_bytes), config.body_timeout_s)
+    except asyncio.TimeoutError:
+        raise http_errors.body_timeout(config.body_timeout_s) from None
     try:
         ask = ImageGenerationRequest.model_validate_json(body)
     except pydantic.ValidationError as error:
@@ -194,14 +284,16 @@ async def _generate_images(
     except ValueError as error:
         raise http_errors.from_engine_value_error(error) from None
 
-    handles = _submit_all(engine_, params, n, _session_id(request))
+    handles = _submit_all(engine_, params, n, session)
     finals = await _wait_unless_disconnected(request, handles)
     if finals is None:  # the client left; nobody reads this
         return Response(status_code=499)
     for final in finals:
         if isinstance(final, engine.Failed):
-            raise http_errors.generation_failed(final.message)
+            raise http_errors.generation_failed(final.message, engine_failed=final.stage == "engine")
         if isinstance(final, engine.Aborted):
+            if final.cause == "shutdown":
+                raise http_errors.shutting_down(final.reason)
             raise http_errors.generation_aborted(final.reason)
 
     data = []
@@ -209,7 +301,7 @@ async def _generate_images(
         png = await asyncio.to_thread(_png_bytes, final.images[0])  # encoding must not stall the event loop
         item: dict = {"seed": final.seed, "revised_prompt": None}
         if ask.response_format == "url":
-            item["url"] = _image_url(request, config, images.put(png))
+            item["url"] = _image_url(request, config, images.put(png, owner=session))
         else:
             item["b64_json"] = base64.b64encode(png).decode("ascii")
         data.append(item)
@@ -248,24 +340,48 @@ def _bearer_token(request: Request) -> str | None:
     return token.strip() or None
 
 
-def _check_api_key(request: Request, api_keys: frozenset[str]) -> None:
-    if not api_keys:
-        return
-    token = _bearer_token(request)
-    # Compare against every key in constant time: no early exit that leaks which prefix matched.
-    matches = [secrets.compare_digest(token.encode(), key.encode()) for key in api_keys] if token else []
-    if not any(matches):
-        raise http_errors.invalid_api_key()
+def _check_json_body(request: Request) -> None:
+    """Only JSON bodies: a web page can send text/plain or a form to any site without asking
+    (no CORS preflight), so accepting those would let any page start generations here."""
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
+        raise http_errors.unsupported_media_type(media)
 
 
-def _session_id(request: Request) -> str:
-    """Who the engine's per-session limits and fairness apply to: the API key, else the host."""
+async def _key_name(request: Request, config: HttpApiConfig, attempts: FailedAttempts) -> str | None:
+    """The name of the caller's API key; None when the API needs no key. A wrong key costs
+    the caller's host a delay (and, repeated, a lockout): see studio.throttle."""
+    if not config.api_keys:
+        return None
     token = _bearer_token(request)
-    if token is not None:
-        # Hashed: session ids show in the studio's queue view, API keys must not.
-        return "http:key-" + hashlib.sha256(token.encode()).hexdigest()[:16]
-    host = request.client.host if request.client else "unknown"
-    return f"http:{host}"
+    found: list[str] = []
+
+    def check() -> bool:
+        # Compare against every key in constant time: no early exit that leaks which prefix matched.
+        given = (token or "").encode()
+        matches = [name for name, key in config.api_keys.items() if secrets.compare_digest(given, key.encode())]
+        found.extend(matches)
+        return token is not None and bool(matches)
+
+    try:
+        if not await attempts.attempt(_client_host(request), check):
+            raise http_errors.invalid_api_key()
+    except LockedOut as locked:
+        raise http_errors.too_many_failed_attempts(str(locked), math.ceil(locked.retry_after_s)) from None
+    return found[0]
+
+
+def _client_host(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+def _session_id(request: Request, key_name: str | None) -> str:
+    """Who the engine's per-session limits and fairness apply to: the API key's name when keys
+    are configured, else the caller's host. Never a string the caller chooses freely, and never
+    one of the studio page's sessions (those start with "ui:")."""
+    if key_name is not None:
+        return f"http:key:{key_name}"
+    return f"http:host:{_client_host(request)}"
 
 
 def _submit_all(

@@ -82,6 +82,8 @@ def from_engine_value_error(error: ValueError) -> ApiError:
 
 
 def from_admission_error(error: engine.AdmissionError) -> ApiError:
+    if isinstance(error, engine.EngineFailedError):
+        return ApiError(503, str(error), type="server_error", code="engine_failed")
     if isinstance(error, engine.EngineClosedError):
         return ApiError(503, str(error), type="server_error", code="shutting_down")
     code = "session_limit" if isinstance(error, engine.SessionLimitError) else "queue_full"
@@ -114,8 +116,30 @@ def body_too_large(limit_bytes: int) -> ApiError:
     )
 
 
-def generation_failed(message: str) -> ApiError:
+def generation_failed(message: str, engine_failed: bool = False) -> ApiError:
+    if engine_failed:  # the engine itself went down: nothing here will work until a restart
+        return ApiError(503, f"the image could not be generated: {message}", type="server_error", code="engine_failed")
     return ApiError(500, f"the image could not be generated: {message}", type="server_error", code="generation_failed")
+
+
+def shutting_down(reason: str) -> ApiError:
+    return ApiError(503, f"the server is shutting down ({reason}); try again once it is back.",
+                    type="server_error", code="shutting_down")
+
+
+def unsupported_media_type(media_type: str) -> ApiError:
+    shown = repr(media_type[:100]) if media_type else "none"
+    return ApiError(415, f"Content-Type {shown} is not accepted: send the body as application/json.",
+                    code="unsupported_media_type")
+
+
+def body_timeout(seconds: float) -> ApiError:
+    return ApiError(408, f"the request body did not arrive within {seconds:g} s.", code="request_timeout")
+
+
+def too_many_failed_attempts(message: str, retry_after_s: int) -> ApiError:
+    return ApiError(429, message, type="rate_limit_error", code="too_many_failed_attempts",
+                    retry_after_s=max(1, retry_after_s))
 
 
 def generation_aborted(reason: str) -> ApiError:

@@ -24,6 +24,7 @@ from engine import Completed, Engine, GenerationParams, ServingLimits
 from pipelines.toy import ToyPipeline
 from studio.http_api import HttpApiConfig, build_router
 from studio.image_files import ImageFileStore
+from tests.engine_helpers import StepGate
 
 
 # ---------------------------------------------------------------------- helpers (also used by test_metrics)
@@ -64,8 +65,8 @@ class Api:
 
 
 @contextlib.contextmanager
-def running_api(step_delay_s: float = 0.0, config: HttpApiConfig | None = None, **engine_kwargs):
-    pipeline = ToyPipeline(step_delay_s=step_delay_s)
+def running_api(step_delay_s: float = 0.0, config: HttpApiConfig | None = None, pipeline=None, **engine_kwargs):
+    pipeline = pipeline or ToyPipeline(step_delay_s=step_delay_s)
     engine = Engine(pipeline, **engine_kwargs).start()
     try:
         with serving(engine, config) as url, httpx.Client(base_url=url, timeout=30) as http:
@@ -157,25 +158,27 @@ def test_openai_client_gets_a_png_of_the_requested_size(api):
 
 
 def test_n_images_and_concurrent_calls_share_forwards():
-    with running_api(step_delay_s=0.02) as api:  # 30 steps of 20 ms: time enough for both calls to meet
-        check_n_images_and_concurrent_calls_share_forwards(api)
+    gate = StepGate(0)  # the engine waits in its first forward until the second call has queued
+    with running_api(pipeline=ToyPipeline(on_forward=gate)) as api:
+        check_n_images_and_concurrent_calls_share_forwards(api, gate)
 
 
-def check_n_images_and_concurrent_calls_share_forwards(api):
+def check_n_images_and_concurrent_calls_share_forwards(api, gate):
     client = api.openai()
-    start = threading.Barrier(2)
     results: dict[str, object] = {}
 
     def call(name: str, n: int, seed: int) -> None:
-        start.wait()
         results[name] = client.images.generate(
             model="toy", prompt=f"shape {name}", n=n, size="64x64",
             extra_body={"seed": seed, "num_inference_steps": 30},
         )
 
     threads = [threading.Thread(target=call, args=("a", 3, 10)), threading.Thread(target=call, args=("b", 1, 99))]
-    for thread in threads:
-        thread.start()
+    threads[0].start()
+    gate.wait()
+    threads[1].start()
+    wait_until(lambda: api.engine.requests_in_flight == 4, what="the second call to queue")
+    gate.release()
     for thread in threads:
         thread.join(30)
 
@@ -184,8 +187,8 @@ def check_n_images_and_concurrent_calls_share_forwards(api):
     pixels = [np.asarray(decode_png(base64.b64decode(item.b64_json))) for item in three]
     assert not np.array_equal(pixels[0], pixels[1]), "different seeds must give different images"
     assert results["b"].data[0].model_extra["seed"] == 99
-    # The three images of one call, and the other call, ran in shared forwards.
-    assert max(len(rows) for rows in api.pipeline.forward_log) == 4
+    # The three images of one call, and then the other call too, ran in shared forwards.
+    assert [len(rows) for rows in api.pipeline.forward_log] == [3] + [4] * 29 + [1]
     observations = metric(api.http, "stepstudio_batch_size_count")
     single_row = metric(api.http, "stepstudio_batch_size_bucket", le="1.0")
     assert observations - single_row >= 1, "no forward had 2 or more rows"
@@ -301,8 +304,9 @@ def test_n_is_capped_by_the_session_limit():
 
 
 def test_images_beyond_the_callers_in_flight_limit_give_429_and_none_of_them_run():
-    with running_api(step_delay_s=0.01, limits=ServingLimits(max_per_session=3)) as api:
-        key = {"authorization": "Bearer k1"}
+    keys = HttpApiConfig(api_keys={"k1": "sk-1", "k2": "sk-2"})
+    with running_api(step_delay_s=0.01, config=keys, limits=ServingLimits(max_per_session=3)) as api:
+        key = {"authorization": "Bearer sk-1"}
         busy = raw_post(api.url, {"prompt": "already running", "num_inference_steps": 100}, key)
         wait_until(lambda: api.engine.snapshot().running, what="the first call to start")
 
@@ -312,7 +316,7 @@ def test_images_beyond_the_callers_in_flight_limit_give_429_and_none_of_them_run
         wait_until(lambda: api.engine.snapshot().stats.finished == {"aborted": 2}, what="the two to be withdrawn")
         assert [view.prompt for view in api.engine.snapshot().requests] == ["already running"]
 
-        other = api.http.post("/v1/images/generations", json={"prompt": "a cat", "n": 3}, headers={"authorization": "Bearer k2"})
+        other = api.http.post("/v1/images/generations", json={"prompt": "a cat", "n": 3}, headers={"authorization": "Bearer sk-2"})
         assert other.status_code == 200 and len(other.json()["data"]) == 3  # another key, its own limit
         busy.close()
         wait_until(lambda: not api.engine.snapshot().requests, what="the engine to be idle")
@@ -329,7 +333,7 @@ def test_a_closed_engine_gives_503():
         assert api.http.get("/v1/models").status_code == 200  # the server itself still answers
 
 
-def test_a_shutdown_mid_request_gives_503():
+def test_a_shutdown_mid_request_gives_503_shutting_down():
     with running_api(step_delay_s=0.01) as api:
         responses = []
         call = threading.Thread(
@@ -341,7 +345,8 @@ def test_a_shutdown_mid_request_gives_503():
         wait_until(lambda: api.engine.snapshot().running, what="the request to start")
         api.engine.close()
         call.join(10)
-        assert_openai_error(responses[0], 503, code="request_aborted")
+        error = assert_openai_error(responses[0], 503, code="shutting_down")
+        assert error["message"] == "the server is shutting down (the engine was shut down); try again once it is back."
 
 
 def test_a_failing_request_gives_500_with_the_engine_message(api):
@@ -353,12 +358,13 @@ def test_a_failing_request_gives_500_with_the_engine_message(api):
 
 # ---------------------------------------------------------------------- client disconnects
 def test_closing_the_connection_aborts_the_request_before_any_decode():
-    with running_api(step_delay_s=0.01) as api:
+    config = HttpApiConfig(api_keys={"alice": "sk-secret"})
+    with running_api(step_delay_s=0.01, config=config) as api:
         sock = raw_post(api.url, {"prompt": "a slow one", "num_inference_steps": 100}, {"Authorization": "Bearer sk-secret"})
         wait_until(lambda: api.engine.snapshot().running, what="the request to start")
         view = api.engine.snapshot().running[0]
-        # The session is the caller's API key, hashed: keys never show in the studio's queue view.
-        assert view.session_id.startswith("http:key-") and "sk-secret" not in view.session_id
+        # The session is the name of the caller's API key: keys never show in the studio's queue view.
+        assert view.session_id == "http:key:alice"
         wait_until(lambda: len(api.pipeline.forward_log) >= 3, what="a few steps")
 
         sock.close()
@@ -368,20 +374,30 @@ def test_closing_the_connection_aborts_the_request_before_any_decode():
         assert view.request_id not in api.pipeline.decoded
         assert forwards < 100
         assert api.engine.states_in_memory == 0
-        time.sleep(0.1)
-        assert len(api.pipeline.forward_log) == forwards, "the aborted request kept running"
+        # The next request runs alone: the aborted one is in none of the forwards after the abort.
+        after = api.http.post("/v1/images/generations", json={"prompt": "next", "num_inference_steps": 2},
+                              headers={"Authorization": "Bearer sk-secret"})
+        assert after.status_code == 200
+        assert all(view.request_id not in rows for rows in api.pipeline.forward_log[forwards:])
+        assert len(api.pipeline.forward_log) == forwards + 2
 
 
 # ---------------------------------------------------------------------- API keys
-def test_configured_api_keys_are_required_on_v1_routes():
-    with running_api(config=HttpApiConfig(api_keys=frozenset({"sk-right"}))) as api:
+def test_configured_api_keys_are_required_on_v1_routes_metrics_and_openapi():
+    with running_api(config=HttpApiConfig(api_keys=frozenset({"sk-right"}), failed_key_delay_s=0)) as api:
         with pytest.raises(openai.AuthenticationError):
             api.openai(api_key="sk-wrong").images.generate(model="toy", prompt="a cat")
         assert_openai_error(api.http.get("/v1/models"), 401, code="invalid_api_key")
         result = api.openai(api_key="sk-right").images.generate(model="toy", prompt="a cat", response_format="url")
         assert httpx.get(result.data[0].url).status_code == 200  # the unguessable URL is the key
-        assert api.http.get("/healthz").status_code == 200  # probes need no key
-        assert api.http.get("/metrics").status_code == 200
+        # Probes need no key, and learn no more than that the engine is alive.
+        health = api.http.get("/healthz")
+        assert (health.status_code, health.json()) == (200, {"status": "ok", "engine_alive": True})
+        key = {"authorization": "Bearer sk-right"}
+        assert api.http.get("/healthz", headers=key).json()["model"] == "toy"
+        assert_openai_error(api.http.get("/metrics"), 401, code="invalid_api_key")
+        assert api.http.get("/metrics", headers=key).status_code == 200
+        assert_openai_error(api.http.get("/v1/openapi.json"), 401, code="invalid_api_key")
         wait_until(lambda: api.engine.snapshot().stats.finished == {"completed": 1}, what="one completed request")
 
 
@@ -413,7 +429,7 @@ def test_image_files_expire_after_their_ttl():
 
 
 def test_image_files_are_bounded_by_count_and_bytes_oldest_first():
-    store = ImageFileStore(max_files=2, max_bytes=10, clock=FakeClock())
+    store = ImageFileStore(max_files=2, max_bytes=10, clock=FakeClock(), max_files_per_owner=2)
     first, second = store.put(b"aaaa"), store.put(b"bbbb")
     third = store.put(b"cccc")  # a third file: the oldest goes
     assert (store.get(first), store.get(second), store.get(third)) == (None, b"bbbb", b"cccc")

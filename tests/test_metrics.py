@@ -17,6 +17,7 @@ FAMILIES = {
     "stepstudio_queue_depth": "gauge",
     "stepstudio_running_requests": "gauge",
     "stepstudio_batch_size": "histogram",
+    "stepstudio_forward_rows": "histogram",
     "stepstudio_step_seconds": "histogram",
     "stepstudio_request_latency_seconds": "histogram",
     "stepstudio_admission_latency_seconds": "histogram",
@@ -60,8 +61,11 @@ def test_metrics_endpoint_serves_every_family_in_prometheus_text():
         response = api.http.get("/metrics")
         assert response.status_code == 200
         assert response.headers["content-type"] == CONTENT_TYPE_LATEST
-        families = {family.name: family.type for family in text_string_to_metric_families(response.text)}
-        assert {name: families.get(name) for name in FAMILIES} == FAMILIES
+        families = {family.name: family for family in text_string_to_metric_families(response.text)}
+        assert {name: families[name].type for name in FAMILIES if name in families} == FAMILIES
+        # What the batch figures count is said in their help text.
+        assert families["stepstudio_batch_size"].documentation.startswith("Requests per model forward")
+        assert families["stepstudio_forward_rows"].documentation.startswith("Model rows per forward")
         # Known labels exist at 0 before anything happened (so rate() works from the start).
         assert metric(api.http, "stepstudio_requests_finished_total", status="error") == 0
         assert metric(api.http, "stepstudio_requests_rejected_total", reason="queue_full") == 0
