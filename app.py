@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-size", type=int, default=defaults.max_size, help="largest allowed width or height (px)")
     limits.add_argument("--max-per-session", type=int, default=defaults.max_per_session,
                         help="most requests one browser tab or client may have queued or running")
+    limits.add_argument("--max-branches", type=int, default=defaults.max_branches,
+                        help="most engine requests one workflow run may make (its fan-outs multiplied)")
     server = parser.add_argument_group("server")
     server.add_argument("--host", default=defaults.host, help="interface to listen on (0.0.0.0 = every interface)")
     server.add_argument("--port", type=int, default=defaults.port, help="TCP port (0 = any free port)")
@@ -75,7 +77,8 @@ def config_from_args(args: argparse.Namespace) -> StudioOptions:
     return StudioOptions(
         model=args.model, mode=args.mode, max_batch=args.max_batch, host=args.host, port=args.port,
         share=args.share, auth=parse_auth(args.auth), preview_every=args.preview_every, max_steps=args.max_steps,
-        max_size=args.max_size, max_per_session=args.max_per_session, show_prompts=args.show_prompts,
+        max_size=args.max_size, max_per_session=args.max_per_session, max_branches=args.max_branches,
+        show_prompts=args.show_prompts,
         device=args.device, dtype=args.dtype, compile=args.compile, prompt_cache=args.prompt_cache,
     )
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from engine import ServingLimits
 
 MODES = ("step", "request")
+_KEY_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 def parse_auth(text: str | None) -> tuple[str, str] | None:
@@ -17,6 +20,31 @@ def parse_auth(text: str | None) -> tuple[str, str] | None:
     if not sep or not user or not password:
         raise ValueError(f"auth={text!r} is not USER:PASS (both parts non-empty, separated by ':').")
     return user, password
+
+
+def parse_api_key(text: str) -> tuple[str, str]:
+    """'NAME:KEY' -> ("NAME", "KEY"): the name is what the queue view and limits know the caller by."""
+    name, sep, key = text.partition(":")
+    if not sep or not key or not _KEY_NAME.fullmatch(name):
+        raise ValueError(
+            "api_key must be NAME:KEY, the name 1-64 letters, digits, '.', '_' or '-' and the key non-empty "
+            f"(got {len(text)} characters{', no' if not sep else ''} ':')."  # never echo a key
+        )
+    return name, key
+
+
+def read_api_keys_file(path: str | Path) -> list[tuple[str, str]]:
+    """NAME:KEY lines (blank lines and '#' comments skipped)."""
+    keys = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            keys.append(parse_api_key(line))
+        except ValueError as error:
+            raise ValueError(f"{path}, line {number}: {error}") from None
+    return keys
 
 
 @dataclass(frozen=True)
@@ -32,18 +60,24 @@ class StudioOptions:
     preview_max_px: int = 256  # longest side of a live preview image
     max_steps: int = 100
     max_size: int = 1024
-    max_per_session: int = 4
+    # Requests one tab or client may have in flight: one batch's worth, so a workflow's grid
+    # can fill a forward (a run with more branches queues the rest itself).
+    max_per_session: int = 8
+    max_branches: int = 64  # engine requests one workflow run may make
     show_prompts: bool = False  # show other sessions' prompts in the queue view
     device: str | None = None
     dtype: str | None = None
     compile: bool = False  # torch.compile the denoiser, then warm up at the model's default size
     prompt_cache: int = 32  # prompt embeddings kept for reuse (0 = off)
     queue_refresh_s: float = 0.5  # how often the queue and graph views refresh
+    temp_file_ttl_s: int = 3600  # Gradio's temp files (previews, results) are deleted after this
+    request_timeout_s: float = 30.0  # a request's headers and body must arrive within this
+    shutdown_timeout_s: float = 5.0  # SIGTERM: how long in-flight calls get to be answered
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r} is not supported: use one of {', '.join(MODES)}.")
-        for name in ("max_batch", "max_steps", "max_size", "max_per_session", "preview_max_px"):
+        for name in ("max_batch", "max_steps", "max_size", "max_per_session", "max_branches", "preview_max_px"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
@@ -58,4 +92,13 @@ class StudioOptions:
 
     @property
     def limits(self) -> ServingLimits:
-        return ServingLimits(max_steps=self.max_steps, max_size=self.max_size, max_per_session=self.max_per_session)
+        return ServingLimits(max_steps=self.max_steps, max_size=self.max_size, max_per_session=self.max_per_session,
+                             max_session_cost=self.max_session_cost)
+
+    @property
+    def http_api_keys(self) -> dict[str, str]:
+        """{name: key} for the HTTP API: the --api-key pairs, and the --auth password as USER's key."""
+        keys = dict(self.api_keys)
+        if self.auth is not None:
+            keys.setdefault(self.auth[0], self.auth[1])
+        return keys

@@ -27,7 +27,7 @@ from engine import Engine
 from studio.bridge import preview_image, session_id_of
 from studio.config import StudioOptions
 from studio.workflow import Problem, WorkflowError, node_type_specs, parse_workflow
-from studio.workflow_compiler import DEFAULT_MAX_BRANCHES, CompiledWorkflow, WorkflowLimits, compile_workflow
+from studio.workflow_compiler import CompiledWorkflow, WorkflowLimits, compile_workflow
 from studio.workflow_run import BranchView, RunView, WorkflowRun, result_image
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,7 +39,7 @@ DEFAULT_EXAMPLE = "text-to-image"
 # The component's markup never changes (drawflow owns what is inside); a template that used
 # `value` or a prop would be re-rendered by Gradio and wipe the editor.
 EDITOR_TEMPLATE = '<div class="sse-root" data-editor="stepstudio"></div>'
-EDITOR_JS = "StepStudioEditor.mount(element, props, server, trigger, watch);"
+EDITOR_JS = "StepStudioEditor.mount(element, props, trigger, watch);"
 
 
 def load_examples(folder: Path = EXAMPLES_DIR) -> dict[str, dict]:
@@ -54,7 +54,7 @@ def load_examples(folder: Path = EXAMPLES_DIR) -> dict[str, dict]:
 def workflow_limits(engine: Engine, config: StudioOptions) -> WorkflowLimits:
     info, limits = engine.info, engine.limits
     return WorkflowLimits(
-        max_branches=getattr(config, "max_branches", DEFAULT_MAX_BRANCHES),
+        max_branches=config.max_branches,
         max_steps=limits.max_steps,
         max_size=limits.max_size,
         size_multiple=max(info.size_multiple, 1),
@@ -257,23 +257,6 @@ def build_workflow_tab(engine: Engine, config: StudioOptions, registry: RunRegis
     examples = load_examples()
     default = examples.get(DEFAULT_EXAMPLE) or next(iter(examples.values()), {"version": 1, "nodes": [], "links": []})
 
-    def cancel_run(data: dict, request: gr.Request) -> dict:
-        data = data if isinstance(data, dict) else {}
-        try:
-            return registry.cancel(data.get("run_id"), session_id_of(request))
-        except PermissionError as exc:
-            return {"cancelled": False, "message": str(exc)}
-
-    def cancel_branch(data: dict, request: gr.Request) -> dict:
-        data = data if isinstance(data, dict) else {}
-        index = data.get("index")
-        if isinstance(index, bool) or not isinstance(index, int):
-            return {"cancelled": False, "message": f"index must be a branch number, got {index!r:.20}"}
-        try:
-            return registry.cancel(data.get("run_id"), session_id_of(request), branch=index)
-        except PermissionError as exc:
-            return {"cancelled": False, "message": str(exc)}
-
     gr.Markdown(
         "Build a workflow from nodes: drag them from the palette, link outputs to inputs of the same "
         "colour, edit values on the nodes, then **Run**. Every branch of a Sampler (each combination of "
@@ -287,7 +270,6 @@ def build_workflow_tab(engine: Engine, config: StudioOptions, registry: RunRegis
         js_on_load=EDITOR_JS,
         head=editor_head(),
         elem_id="ss-node-editor",
-        server_functions=[cancel_run, cancel_branch],
         node_types=node_type_specs(_model_field_defaults(engine)),
         examples=examples,
         default_example=DEFAULT_EXAMPLE,
@@ -318,6 +300,20 @@ def wire_workflow_tab(runner: WorkflowRunner, tab: WorkflowTab) -> None:
 
     tab.editor.submit(run, inputs=tab.editor, outputs=[tab.editor, tab.results], concurrency_limit=None,
                       api_name="ui_run_workflow", api_visibility="private", show_progress="hidden")
+
+    def cancel(event: gr.EventData, request: gr.Request) -> None:
+        """The editor's Cancel (index -1) and per-branch × buttons; the run's stream shows the outcome."""
+        data = event._data if isinstance(event._data, dict) else {}
+        index = data.get("index", -1)
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise gr.Error(f"index must be a branch number, got {index!r:.20}.")
+        try:
+            runner.registry.cancel(data.get("run_id"), session_id_of(request), branch=index)
+        except PermissionError as exc:
+            raise gr.Error(str(exc), title="Not your run") from exc
+
+    tab.editor.stop(cancel, queue=False, api_name="ui_cancel_workflow", api_visibility="private",
+                    show_progress="hidden")
 
 
 # ---------------------------------------------------------------------------- the API

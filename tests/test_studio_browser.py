@@ -64,6 +64,7 @@ def open_page(studio, browser):
         contexts.append(context)
         page = context.new_page()
         page.goto(studio[0].url)
+        page.get_by_role("tab", name="Simple").click()  # the Workflow tab is the default
         page.wait_for_selector("#ss-generate")
         page.wait_for_selector("#ss-queue table")  # the live views have ticked once
         return page

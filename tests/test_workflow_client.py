@@ -178,3 +178,13 @@ def test_bad_workflows_get_a_clear_error_and_the_engine_keeps_serving(client, st
     assert len(pipeline.encoded) == encoded_before  # nothing was submitted
     status, images, _ = client.predict(workflow=xy_workflow(steps="2", guidance="1"), api_name="/run_workflow")
     assert status["state"] == "completed" and engine.is_alive
+
+
+def test_the_branch_limit_comes_from_the_command_line(studio):
+    from app import build_parser, config_from_args
+    from studio.workflow_ui import workflow_limits
+
+    config = config_from_args(build_parser().parse_args(["--model", "toy", "--max-branches", "3"]))
+    limits = workflow_limits(studio[1], config)
+    assert limits.max_branches == 3
+    assert (limits.max_steps, limits.size_multiple, limits.uses_negative_prompt) == (60, 8, False)

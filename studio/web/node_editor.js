@@ -5,7 +5,7 @@
  * the workflow JSON (version 1, see studio/workflow.py); Run fires the component's `submit`
  * event and Python streams the run back through the `run_state` prop.
  *
- * Mounted from js_on_load:  StepStudioEditor.mount(element, props, server, trigger, watch)
+ * Mounted from js_on_load:  StepStudioEditor.mount(element, props, trigger, watch)
  */
 (function () {
   "use strict";
@@ -33,10 +33,9 @@
   }
 
   class NodeEditor {
-    constructor(element, props, server, trigger, watch) {
+    constructor(element, props, trigger, watch) {
       this.root = element.querySelector(".sse-root") || element;
       this.props = props;
-      this.server = server;
       this.trigger = trigger;
       this.types = {};
       for (const spec of props.node_types || []) this.types[spec.name] = spec;
@@ -70,8 +69,8 @@
         this.exampleSelect,
         button("Save", "save", "Save this workflow in the browser"),
         button("Download", "download", "Download the workflow as JSON"),
-        h("label", { class: "sse-btn sse-upload", title: "Open a workflow JSON (or a PNG made from a workflow)" },
-          [document.createTextNode("Upload"), this.fileInput]),
+        button("Upload", "upload", "Open a workflow JSON (or a PNG made from a workflow)"),
+        this.fileInput,
         h("span", { class: "sse-sep" }),
         button("↶ Undo", "undo", "Undo the last edit (Ctrl+Z)"),
         button("−", "zoom-out", "Zoom out"),
@@ -360,6 +359,14 @@
     }
 
     changed() {
+      // One edit can fire several drawflow events (deleting a node first removes its links):
+      // they become one undo entry, committed once the current event is handled.
+      if (this.quiet || this.commitPending) return;
+      this.commitPending = true;
+      queueMicrotask(() => { this.commitPending = false; this.commit(); });
+    }
+
+    commit() {
       if (this.quiet) return;
       const json = JSON.stringify(this.toWorkflow());
       if (this.undoStack[this.undoStack.length - 1] !== json) {
@@ -389,6 +396,7 @@
       if (action === "cancel") return this.cancelRun();
       if (action === "save") return this.save();
       if (action === "download") return this.download();
+      if (action === "upload") return this.fileInput.click();
       if (action === "undo") return this.undo();
       if (action === "zoom-in") return this.df.zoom_in();
       if (action === "zoom-out") return this.df.zoom_out();
@@ -406,24 +414,26 @@
 
     run() {
       clearTimeout(this.typingTimer);
-      this.changed();
+      this.commit();
       this.clearProblems();
       this.say("Submitting…");
       this.trigger("submit");
     }
 
-    async cancelRun() {
+    // Cancels go to Python as the component's `stop` event (a Gradio event, so the server
+    // knows the caller's session); the run's next state shows the result.
+    cancelRun() {
       const state = this.runState;
       if (!state || !state.run_id || state.state !== "running") { this.say("No run to cancel."); return; }
-      const answer = await this.server.cancel_run({ run_id: state.run_id });
-      this.say(answer && answer.message ? answer.message : "Cancelling…");
+      this.trigger("stop", { run_id: state.run_id, index: -1 });
+      this.say("Cancelling the run at the next step boundary…");
     }
 
-    async cancelBranch(index) {
+    cancelBranch(index) {
       const state = this.runState;
       if (!state || !state.run_id) return;
-      const answer = await this.server.cancel_branch({ run_id: state.run_id, index });
-      this.say(answer && answer.message ? answer.message : "Cancelling branch " + index);
+      this.trigger("stop", { run_id: state.run_id, index });
+      this.say(`Cancelling branch ${index} at the next step boundary…`);
     }
 
     onLoadChoice(event) {
@@ -502,34 +512,68 @@
       }
     }
 
-    showBranchBars(live, branches) {
-      live.innerHTML = "";
-      for (const b of branches) {
-        const row = h("div", { class: "sse-branch", "data-index": b.index, "data-state": b.state, title: b.message || b.state }, [
-          h("span", { class: "sse-branch-label", text: b.label }),
-          h("progress", { value: b.step, max: Math.max(1, b.total) }),
-          h("span", { class: "sse-branch-step", text: b.state === "running" || b.state === "completed" ? `${b.step}/${b.total}` : b.state }),
-        ]);
-        if (!["completed", "aborted", "failed"].includes(b.state)) {
-          row.appendChild(h("span", { class: "sse-branch-cancel", title: "Cancel this branch", text: "×",
-                                      onmousedown: (e) => e.stopPropagation(),
-                                      onclick: (e) => { e.stopPropagation(); this.cancelBranch(b.index); } }));
+    // Rows and thumbnails are made once per run and updated in place, so a click on a
+    // branch's cancel button never lands on an element that was just replaced.
+    liveItems(live, runId, branches, make) {
+      if (live.dataset.runId !== runId || live.dataset.count !== String(branches.length)) {
+        live.innerHTML = "";
+        live.items = {};
+        live.dataset.runId = runId;
+        live.dataset.count = String(branches.length);
+        const container = make.container ? make.container(branches) : live;
+        if (container !== live) live.appendChild(container);
+        for (const b of branches) {
+          live.items[b.index] = make.item(b);
+          container.appendChild(live.items[b.index].root);
         }
-        live.appendChild(row);
+      }
+      return live.items;
+    }
+
+    showBranchBars(live, branches) {
+      const items = this.liveItems(live, this.runState.run_id, branches, {
+        item: (b) => {
+          const bar = h("progress", { value: 0, max: 1 });
+          const step = h("span", { class: "sse-branch-step" });
+          const cancel = h("span", { class: "sse-branch-cancel", title: "Cancel this branch", text: "×",
+                                     onmousedown: (e) => e.stopPropagation(),
+                                     onclick: (e) => { e.stopPropagation(); this.cancelBranch(b.index); } });
+          const root = h("div", { class: "sse-branch", "data-index": b.index },
+                         [h("span", { class: "sse-branch-label", text: b.label }), bar, step, cancel]);
+          return { root, bar, step, cancel };
+        },
+      });
+      for (const b of branches) {
+        const item = items[b.index];
+        const ended = ["completed", "aborted", "failed"].includes(b.state);
+        item.root.dataset.state = b.state;
+        item.root.title = b.message || b.state;
+        item.bar.max = Math.max(1, b.total);
+        item.bar.value = b.step;
+        item.step.textContent = b.state === "running" || b.state === "completed" ? `${b.step}/${b.total}` : b.state;
+        item.cancel.style.visibility = ended ? "hidden" : "visible";
       }
     }
 
     showThumbs(live, branches, pick, cls) {
-      live.innerHTML = "";
-      const wrap = h("div", { class: "sse-thumbs" + (branches.length <= 2 ? " sse-few" : "") });
+      const items = this.liveItems(live, this.runState.run_id, branches, {
+        container: () => h("div", { class: "sse-thumbs" + (branches.length <= 2 ? " sse-few" : "") }),
+        item: (b) => {
+          const img = h("img", { alt: b.label });
+          const empty = h("div", { class: "sse-thumb-empty" });
+          const root = h("figure", { class: "sse-thumb " + cls, "data-index": b.index },
+                         [img, empty, h("figcaption", { text: b.label })]);
+          return { root, img, empty };
+        },
+      });
       for (const b of branches) {
-        const src = pick(b);
-        const cell = h("figure", { class: "sse-thumb " + cls, "data-index": b.index, "data-state": b.state });
-        cell.appendChild(src ? h("img", { src, alt: b.label }) : h("div", { class: "sse-thumb-empty", text: b.state }));
-        cell.appendChild(h("figcaption", { text: b.label }));
-        wrap.appendChild(cell);
+        const item = items[b.index], src = pick(b);
+        item.root.dataset.state = b.state;
+        if (src && item.img.getAttribute("src") !== src) item.img.src = src;
+        item.img.style.display = src ? "" : "none";
+        item.empty.style.display = src ? "none" : "";
+        item.empty.textContent = b.state;
       }
-      live.appendChild(wrap);
     }
 
     showProblems(problems) {
@@ -542,7 +586,12 @@
         el.querySelector(".sse-problems").appendChild(
           h("div", { class: "sse-problem", text: (problem.port ? problem.port + ": " : "") + problem.message }));
       }
-      this.say(problems.length + " problem(s): " + (loose.join("; ") || "see the marked nodes") + ".", "error");
+      const first = problems[0];
+      const where = first && first.node && this.nodeElement(first.node)
+        ? this.types[this.nodeData(first.node).name].title + (first.port ? " › " + first.port : "") + ": " : "";
+      const summary = first ? where + first.message : "";
+      const more = problems.length > 1 ? ` (and ${problems.length - 1} more, marked on the nodes)` : "";
+      this.say((loose.length ? loose.join("; ") : summary) + more, "error");
       this.runbar.querySelector(".sse-run-text").textContent = "Not run: the workflow has problems.";
       this.root.dataset.runState = "invalid";
     }
@@ -597,9 +646,9 @@
   }
 
   window.StepStudioEditor = {
-    mount(element, props, server, trigger, watch) {
-      const editor = new NodeEditor(element, props, server, trigger, watch);
-      element.stepstudioEditor = editor; // for tests and the console
+    mount(element, props, trigger, watch) {
+      const editor = new NodeEditor(element, props, trigger, watch);
+      editor.root.stepstudioEditor = editor; // for tests and the console: $(".sse-root").stepstudioEditor
       return editor;
     },
   };

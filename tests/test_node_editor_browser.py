@@ -1,0 +1,242 @@
+"""The node editor in a real headless Chromium: build a graph with the mouse, run it, watch it, cancel.
+
+Needs Debian's `chromium` and the `playwright` package (never `playwright install`).
+Screenshots land in test-artifacts/ for a human to look at.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from engine import Engine
+from pipelines.interface import ModelDefaults
+from pipelines.toy import ToyPipeline
+from studio.config import StudioOptions
+from studio.server import StudioServer, build_app
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+STEPS = 30
+STEP_DELAY_S = 0.04
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists() or shutil.which("chromium") is None,
+                       reason="Debian chromium is not installed (apt-get install -y chromium)"),
+]
+
+
+@pytest.fixture(scope="module")
+def studio():
+    defaults = ModelDefaults(width=64, height=64, num_inference_steps=STEPS, guidance_scale=1.0)
+    pipeline = ToyPipeline(step_delay_s=STEP_DELAY_S, defaults=defaults)
+    config = StudioOptions(model="toy", port=0, preview_every=2, max_per_session=8)
+    engine = Engine(pipeline, mode=config.mode, max_batch=config.max_batch, limits=config.limits).start()
+    server = StudioServer(build_app(engine, config), "127.0.0.1", 0).start()
+    yield server, engine, pipeline
+    server.stop()
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(studio, browser):
+    context = browser.new_context(viewport={"width": 1500, "height": 1200}, accept_downloads=True)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(studio[0].url)
+    page.wait_for_selector("#ss-node-editor .drawflow-node")
+    yield page
+    context.close()
+    assert errors == [], f"JavaScript errors on the page: {errors}"
+
+
+def shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def nodes(page, node_type: str | None = None) -> list[str]:
+    selector = ".sse-canvas .drawflow-node" + (f"[data-node-type='{node_type}']" if node_type else "")
+    return [el.get_attribute("id").removeprefix("node-") for el in page.query_selector_all(selector)]
+
+
+def center(page, selector: str) -> tuple[float, float]:
+    box = page.locator(selector).bounding_box()
+    return box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+
+
+def drag_from_palette(page, node_type: str, x: int, y: int) -> str:
+    """Drag a palette entry onto the canvas at (x, y) from the canvas's top-left; returns the new node's id."""
+    before = set(nodes(page))
+    page.drag_and_drop(f".sse-palette-item[data-node-type='{node_type}']", ".sse-canvas", target_position={"x": x, "y": y})
+    (new,) = set(nodes(page)) - before
+    return new
+
+
+def drag_link(page, source: str, output_index: int, target: str, input_index: int) -> None:
+    """Press on an output port, move to an input port, release: drawflow's link gesture."""
+    sx, sy = center(page, f"#node-{source} .outputs .output_{output_index}")
+    tx, ty = center(page, f"#node-{target} .inputs .input_{input_index}")
+    page.mouse.move(sx, sy)
+    page.mouse.down()
+    page.mouse.move(tx, ty, steps=12)
+    page.mouse.up()
+
+
+def links(page) -> int:
+    return page.locator(".sse-canvas svg.connection").count()
+
+
+def editor_workflow(page) -> dict:
+    """The workflow JSON the editor would send on Run."""
+    return page.evaluate("() => document.querySelector('.sse-root').stepstudioEditor.toWorkflow()")
+
+
+def zoom(page) -> float:
+    return page.evaluate("() => document.querySelector('.sse-root').stepstudioEditor.df.zoom")
+
+
+def test_the_editor_is_the_default_tab_with_a_palette_and_the_text_to_image_graph(page):
+    types = [el.get_attribute("data-node-type") for el in page.query_selector_all(".sse-palette-item")]
+    assert types == ["prompt", "negative_prompt", "seed", "size", "steps", "guidance", "scheduler",
+                     "prompt_list", "seed_batch", "sweep", "sampler", "image_output", "live_preview", "grid"]
+    assert sorted(page.get_attribute(f"#node-{n}", "data-node-type") for n in nodes(page)) == sorted(
+        ["prompt", "seed", "steps", "guidance", "sampler", "live_preview", "image_output"])
+    assert links(page) == 6
+    shot(page, "editor-default")
+
+
+def test_build_a_graph_with_the_mouse_run_it_and_cancel_one_branch(page, studio):
+    engine = studio[1]
+    page.click("[data-action='clear']")
+    assert nodes(page) == []
+    prompt = drag_from_palette(page, "prompt", 60, 60)
+    sweep = drag_from_palette(page, "sweep", 60, 260)
+    sampler = drag_from_palette(page, "sampler", 380, 120)
+    preview = drag_from_palette(page, "live_preview", 720, 40)
+    grid = drag_from_palette(page, "grid", 720, 320)
+    assert len(nodes(page)) == 5
+
+    page.fill(f"#node-{prompt} textarea", "a red circle")
+    page.select_option(f"#node-{sweep} select", "guidance")
+    page.fill(f"#node-{sweep} input", "1, 2, 3, 4")
+
+    # A wrong link is refused: a prompt does not go into the sampler's seed input (3rd input).
+    drag_link(page, prompt, 1, sampler, 3)
+    assert links(page) == 0
+    assert "Can't link prompt to seed" in page.inner_text(".sse-message")
+
+    drag_link(page, prompt, 1, sampler, 1)      # prompt -> prompt
+    drag_link(page, sweep, 1, sampler, 6)       # guidance values -> guidance
+    drag_link(page, sampler, 1, preview, 1)     # images -> live preview
+    drag_link(page, sampler, 1, grid, 1)        # images -> grid
+    assert links(page) == 4
+    workflow = editor_workflow(page)
+    assert {(lk["from"]["port"], lk["to"]["port"]) for lk in workflow["links"]} == {
+        ("prompt", "prompt"), ("values", "guidance"), ("images", "images")}
+    shot(page, "editor-built")
+
+    page.click("[data-action='run']")
+    page.wait_for_selector(f"#node-{sampler}[data-state='running'] .sse-branch")
+    bars = page.locator(f"#node-{sampler} .sse-branch")
+    assert bars.count() == 4
+    # The branch bars move while the run goes, and every branch shows live previews.
+    first = int(page.get_attribute(f"#node-{sampler} .sse-branch[data-index='0'] progress", "value"))
+    page.wait_for_function(
+        f"() => +document.querySelector('#node-{sampler} .sse-branch[data-index=\"0\"] progress').value > {first + 4}")
+    page.wait_for_selector(f"#node-{preview} .sse-thumb img")
+    shot(page, "editor-running")
+    page.click(f"#node-{sampler} .sse-branch[data-index='2'] .sse-branch-cancel")
+    page.wait_for_selector(f"#node-{sampler} .sse-branch[data-index='2'][data-state='aborted']")
+    page.wait_for_selector(".sse-root[data-run-state='partial']", timeout=30_000)
+    states = [el.get_attribute("data-state") for el in page.query_selector_all(f"#node-{sampler} .sse-branch")]
+    assert states == ["completed", "completed", "aborted", "completed"]
+    assert page.locator(f"#node-{grid} img.sse-grid").count() == 1
+    assert page.locator("#ss-workflow-results img").count() >= 4  # the grid and three images
+    assert page.get_attribute(f"#node-{sampler}", "data-state") == "cancelled"
+    shot(page, "editor-finished")
+    assert engine.snapshot().requests == ()
+
+
+def test_cancel_the_whole_run_from_the_toolbar(page, studio):
+    page.select_option(".sse-examples", "example:guidance-steps-xy")
+    page.wait_for_function("() => document.querySelectorAll('.sse-canvas .drawflow-node').length == 7")
+    page.click("[data-action='run']")
+    (sampler,) = nodes(page, "sampler")
+    page.wait_for_selector(f"#node-{sampler} .sse-branch[data-state='running']")
+    page.click("[data-action='cancel']")
+    page.wait_for_selector(".sse-root[data-run-state]:not([data-run-state='running'])", timeout=30_000)
+    assert page.get_attribute(".sse-root", "data-run-state") in ("aborted", "partial")
+    states = {el.get_attribute("data-state") for el in page.query_selector_all(f"#node-{sampler} .sse-branch")}
+    assert "aborted" in states and "running" not in states
+
+
+def test_problems_are_shown_on_their_nodes_and_nothing_runs(page, studio):
+    pipeline = studio[2]
+    encoded = len(pipeline.encoded)
+    (steps,) = nodes(page, "steps")
+    page.fill(f"#node-{steps} input", "5000")
+    page.click("[data-action='run']")
+    page.wait_for_selector(f"#node-{steps}[data-state='invalid'] .sse-problem")
+    assert "out of range" in page.inner_text(f"#node-{steps} .sse-problem")
+    assert page.get_attribute(".sse-root", "data-run-state") == "invalid"
+    assert len(pipeline.encoded) == encoded
+    shot(page, "editor-problem")
+
+
+def test_delete_undo_zoom_pan_save_and_upload(page, tmp_path):
+    count = len(nodes(page))
+    (preview,) = nodes(page, "live_preview")
+    page.click(f"#node-{preview} .sse-delete")
+    assert len(nodes(page)) == count - 1
+    page.click("[data-action='undo']")
+    assert len(nodes(page)) == count and nodes(page, "live_preview")
+    assert links(page) == 6
+
+    page.click("[data-action='zoom-in']")
+    assert zoom(page) == pytest.approx(1.1)
+    page.click("[data-action='zoom-reset']")
+    assert zoom(page) == 1
+    canvas = page.locator(".sse-canvas").bounding_box()
+    page.mouse.move(canvas["x"] + canvas["width"] - 40, canvas["y"] + canvas["height"] - 40)
+    page.mouse.down()
+    page.mouse.move(canvas["x"] + canvas["width"] - 140, canvas["y"] + canvas["height"] - 90, steps=5)
+    page.mouse.up()
+    transform = page.get_attribute(".sse-canvas .drawflow", "style")
+    assert "translate(-100px, -50px)" in transform
+
+    with page.expect_download() as download:
+        page.click("[data-action='download']")
+    saved = json.loads(Path(download.value.path()).read_text())
+    assert saved["version"] == 1 and len(saved["nodes"]) == count
+
+    upload = tmp_path / "two.json"
+    upload.write_text(json.dumps({"version": 1, "nodes": [
+        {"id": "a", "type": "prompt", "values": {"text": "a blue square"}, "position": [40, 40]},
+        {"id": "b", "type": "sampler", "values": {}, "position": [320, 40]}],
+        "links": [{"from": {"node": "a", "port": "prompt"}, "to": {"node": "b", "port": "prompt"}}]}))
+    page.set_input_files(".sse-file", str(upload))
+    page.wait_for_function("() => document.querySelectorAll('.sse-canvas .drawflow-node').length == 2")
+    assert links(page) == 1
+    (prompt,) = nodes(page, "prompt")
+    assert page.input_value(f"#node-{prompt} textarea") == "a blue square"
+    # The graph survives a reload (kept in the browser).
+    page.reload()
+    page.wait_for_selector("#ss-node-editor .drawflow-node")
+    assert len(nodes(page)) == 2 and links(page) == 1
