@@ -59,11 +59,17 @@ class StudioOptions:
     preview_every: int = 2  # live preview every this many steps (0 = never)
     preview_max_px: int = 256  # longest side of a live preview image
     max_steps: int = 100
-    max_size: int = 1024
+    max_size: int | None = None  # None: the model's default size (64 for the built-in model)
     # Requests one tab or client may have in flight: one batch's worth, so a workflow's grid
     # can fill a forward (a run with more branches queues the rest itself).
     max_per_session: int = 8
     max_branches: int = 64  # engine requests one workflow run may make
+    # In-flight cost one session may hold, in default requests of the loaded model (rows x
+    # tokens x steps); a session with nothing in flight may always submit one request.
+    max_session_cost: float | None = 32.0
+    # Per-user keys of the HTTP API, (NAME, KEY) pairs. With --auth USER:PASS, PASS is also
+    # the key named USER.
+    api_keys: tuple[tuple[str, str], ...] = ()
     show_prompts: bool = False  # show other sessions' prompts in the queue view
     device: str | None = None
     dtype: str | None = None
@@ -77,10 +83,22 @@ class StudioOptions:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r} is not supported: use one of {', '.join(MODES)}.")
-        for name in ("max_batch", "max_steps", "max_size", "max_per_session", "max_branches", "preview_max_px"):
+        for name in ("max_batch", "max_steps", "max_per_session", "max_branches", "preview_max_px", "temp_file_ttl_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        size = self.max_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(f"max_size must be a positive integer or None (the model's size), got {size!r}.")
+        cost = self.max_session_cost
+        if cost is not None and (isinstance(cost, bool) or not isinstance(cost, (int, float)) or not cost > 0):
+            raise ValueError(f"max_session_cost must be a positive number or None (no cost limit), got {cost!r}.")
+        for name in ("request_timeout_s", "shutdown_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}.")
+        names = [name for name, _ in self.api_keys]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two API keys share a name: {sorted(n for n in set(names) if names.count(n) > 1)}.")
         if isinstance(self.preview_every, bool) or not isinstance(self.preview_every, int) or self.preview_every < 0:
             raise ValueError(f"preview_every must be an integer >= 0 (0 = no previews), got {self.preview_every!r}.")
         if isinstance(self.prompt_cache, bool) or not isinstance(self.prompt_cache, int) or self.prompt_cache < 0:
