@@ -164,12 +164,12 @@ def _build_form(engine: Engine, config: StudioOptions) -> GenerateForm:
         size_step = max(info.size_multiple, 1)
         size_min = max(MIN_SIZE, size_step)
         with gr.Row():
-            width = gr.Slider(size_min, config.max_size, value=min(defaults.width, config.max_size), step=size_step,
-                              label="Width")
-            height = gr.Slider(size_min, config.max_size, value=min(defaults.height, config.max_size),
-                               step=size_step, label="Height")
+            max_size = engine.limits.max_size  # the server's cap, resolved for this model
+            width = gr.Slider(size_min, max_size, value=min(defaults.width, max_size), step=size_step, label="Width")
+            height = gr.Slider(size_min, max_size, value=min(defaults.height, max_size), step=size_step, label="Height")
         with gr.Row():
-            steps = gr.Slider(1, config.max_steps, value=min(defaults.num_inference_steps, config.max_steps), step=1,
+            max_steps = engine.limits.max_steps
+            steps = gr.Slider(1, max_steps, value=min(defaults.num_inference_steps, max_steps), step=1,
                               label="Steps", elem_id="ss-steps")
             guidance = gr.Slider(0.0, 20.0, value=defaults.guidance_scale, step=0.5, label="Guidance scale")
         with gr.Row():
