@@ -1,44 +1,80 @@
-"""Pieces shared by the flow-matching transformer families (FLUX, SD3, Qwen-Image)."""
+"""The flow-matching families' shared base: FLUX, SD3, Qwen-Image and Wan.
+
+What flow matching adds to `DiffusersStepPipeline` (pipelines/diffusers_step.py), once:
+- the checkpoint's own noise scheduler is the only one offered (the families' sigmas and
+  shifts assume it), named after its class;
+- the resolution-dependent shift `mu` of dynamic shifting, from the request's image tokens;
+- the predicted x0 for previews: x_t = (1 - sigma) x0 + sigma noise and v = noise - x0, so
+  x0 = x_t - sigma v (neither FlowMatchEuler nor flow UniPC returns pred_original_sample).
+"""
 
 from __future__ import annotations
 
-from typing import Sequence
-
+import numpy as np
 import torch
 
+from pipelines.diffusers_step import DiffusersStepPipeline
 from pipelines.interface import RequestState
+from pipelines.params import GenerationParams
+
+# Our names for the flow-matching noise schedulers the supported checkpoints ship.
+SCHEDULER_NAMES = {
+    "FlowMatchEulerDiscreteScheduler": "flow-match-euler",
+    "UniPCMultistepScheduler": "unipc",  # Wan's, on flow sigmas (prediction_type="flow_prediction")
+}
 
 
-def flow_match_step(state: RequestState, prediction: torch.Tensor, pass_generator: bool = True) -> None:
-    """Advance one request with its own FlowMatchEuler scheduler; keep x0 for the preview.
+class FlowMatchStepPipeline(DiffusersStepPipeline):
+    def _offered_schedulers(self, checkpoint_scheduler) -> tuple[str, ...]:
+        class_name = type(checkpoint_scheduler).__name__
+        return (SCHEDULER_NAMES.get(class_name, class_name),)
 
-    `pass_generator`: as the family's diffusers pipeline does (it only matters for
-    schedulers configured for stochastic sampling)."""
-    scheduler = state.noise_scheduler
-    if state.params.preview_every:
-        # Flow matching: x_t = (1 - sigma) x0 + sigma noise and v = noise - x0, so x0 = x_t - sigma v
-        # (FlowMatchEulerDiscreteScheduler.step returns no pred_original_sample).
-        sigma = scheduler.sigmas[state.step_index].to(state.latents.device, state.latents.dtype)
-        state.extra.predicted_x0 = state.latents - sigma * prediction
-    kwargs = {"generator": state.generator} if pass_generator else {}
-    state.latents = scheduler.step(prediction, state.current_timestep, state.latents, return_dict=False, **kwargs)[0]
-    state.step_index += 1
+    def _image_shift(self, scheduler, image_seq_len: int) -> float:
+        """`mu` of dynamic shifting: linear in the image tokens between the config's two points
+        (diffusers' calculate_shift)."""
+        config = scheduler.config
+        base_len, max_len = config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096)
+        base_shift, max_shift = config.get("base_shift", 0.5), config.get("max_shift", 1.15)
+        slope = (max_shift - base_shift) / (max_len - base_len)
+        return image_seq_len * slope + (base_shift - slope * base_len)
 
+    def _shifted_timesteps(self, scheduler, params: GenerationParams, image_seq_len: int) -> torch.Tensor:
+        """FluxPipeline's and QwenImagePipeline's schedule: sigmas 1 .. 1/steps, shifted by `mu`."""
+        steps = params.num_inference_steps
+        sigmas = None if scheduler.config.get("use_flow_sigmas") else np.linspace(1.0, 1 / steps, steps)
+        scheduler.set_timesteps(
+            num_inference_steps=None if sigmas is not None else steps,
+            device=self.device,
+            sigmas=sigmas,
+            mu=self._image_shift(scheduler, image_seq_len),
+        )
+        return scheduler.timesteps
 
-def combine_interleaved_cfg(
-    noise_pred: torch.Tensor, guidance: Sequence[tuple[bool, float]]
-) -> list[torch.Tensor]:
-    """One prediction per request from a forward whose rows are laid out request by request:
-    [positive, (negative if CFG)], ... `guidance[i]` = (request i uses CFG, its scale)."""
-    predictions, row = [], 0
-    for uses_cfg, scale in guidance:
-        prediction = noise_pred[row : row + 1]
-        row += 1
-        if uses_cfg:
-            negative = noise_pred[row : row + 1]
-            row += 1
-            prediction = negative + scale * (prediction - negative)
-        predictions.append(prediction)
-    if row != len(noise_pred):
-        raise RuntimeError(f"the forward returned {len(noise_pred)} rows but the batch laid out {row}.")
-    return predictions
+    def _stock_latents(self, state: RequestState, channels: int, dtype: torch.dtype, **extra):
+        """The stock pipeline's prepare_latents for one request, from the request's own generator."""
+        params = state.params
+        return self.pipe.prepare_latents(
+            batch_size=1,
+            num_channels_latents=channels,
+            height=params.height,
+            width=params.width,
+            dtype=dtype,
+            device=self.device,
+            generator=state.generator,
+            **extra,
+        )
+
+    # ------------------------------------------------------------------ latents packed in 2x2 patches
+    # (FLUX and Qwen-Image: their pipelines' prepare_latents packs, _unpack_latents undoes it)
+    def _packed_tokens(self, params: GenerationParams) -> int:
+        patch = self.vae_scale_factor * 2
+        return (params.height // patch) * (params.width // patch)
+
+    def _unpacked(self, packed: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+        return self.pipe._unpack_latents(
+            latents=packed, height=params.height, width=params.width, vae_scale_factor=self.vae_scale_factor
+        )
+
+    def _predicted_x0(self, state: RequestState, latents, prediction, output) -> torch.Tensor:
+        sigma = state.noise_scheduler.sigmas[state.step_index].to(latents.device, latents.dtype)
+        return latents - sigma * prediction

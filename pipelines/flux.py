@@ -1,14 +1,14 @@
 """FLUX.1 as a step pipeline: diffusers' FluxPipeline pieces, our own step loop.
 
-Reads top to bottom like `FluxPipeline.__call__`, cut at the step boundaries:
+Reads top to bottom like `FluxPipeline.__call__`, cut at the step boundaries; the shared
+half (per-request scheduler, CFG layout, scheduler step, previews) is in
+pipelines/diffusers_step.py and pipelines/flow_match.py:
 
-    prepare_encode   encode_prompt (and the negative prompt for true CFG) through the prompt
-                     cache, the request's own generator -> prepare_latents (packed 2x2),
-                     its own FlowMatchEuler scheduler with the per-request `mu` of
-                     dynamic shifting
-    encode_prompts   the texts of a step's joiners in one encode_prompt call (optional protocol)
-    denoise_step     ONE transformer forward for every row and every CFG negative row
-    step_scheduler   the request's scheduler.step; remembers x0 for the preview
+    texts            encode_prompt (CLIP pooled + T5) through the prompt cache; the negative
+                     prompt too for true CFG
+    timesteps        sigmas 1 .. 1/steps, shifted by this image size's `mu`
+    latents          prepare_latents from the request's own generator (packed 2x2)
+    forward          ONE transformer forward for every row of the CFG layout
     post_decode      unpack, un-normalize, VAE decode, postprocess to PIL
 
 Guidance, with our one `guidance_scale` knob:
@@ -19,37 +19,27 @@ Guidance, with our one `guidance_scale` knob:
 
 Co-batching: Flux's `img_ids`/`txt_ids` are shared 2-D tensors, so one forward can't mix
 resolutions or text lengths; the batch key is (height, width, max_sequence_length). Guidance
-scales and CFG are per row (a CFG request just adds its negative row), so they are not in
-the key: a CFG and a non-CFG request at the same size share a forward.
+scales and CFG are per row, so they are not in the key.
 """
 
 from __future__ import annotations
 
-import copy
-import logging
 from dataclasses import dataclass
-from pathlib import Path
+from typing import NamedTuple, Sequence
 
-import numpy as np
 import torch
 from diffusers import FluxPipeline
-from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
 from PIL import Image
 
-from pipelines.attention import select_attention_backend
-from pipelines.flow_match import combine_interleaved_cfg, flow_match_step
-from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
-from pipelines.latent_preview import LatentRgbProjection, projection_for
-from pipelines.loader import LoadOptions, load_diffusers_pipeline
+from pipelines.cfg import Row
+from pipelines.diffusers_step import RequestExtra, text_length
+from pipelines.flow_match import FlowMatchStepPipeline
+from pipelines.interface import RequestState
+from pipelines.latent_preview import projection_for
 from pipelines.params import GenerationParams
-from pipelines.prompt_cache import BatchedPromptEncoder, PromptEmbeddingCache, split_rows
-from pipelines.validation import check_image_params, check_scheduler_name
-from pipelines.studio_config import StudioConfig, read_studio_config
+from pipelines.prompt_cache import split_rows
+from pipelines.studio_config import StudioConfig
 
-log = logging.getLogger(__name__)
-
-FLOW_MATCH_EULER = "flow-match-euler"
-SCHEDULERS = (FLOW_MATCH_EULER,)  # the checkpoint's own; FluxPipeline's sigmas and mu assume it
 MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's limit for the T5 prompt
 
 
@@ -60,262 +50,105 @@ class FluxBatchKey:
     max_sequence_length: int
 
 
-@dataclass
-class FluxConditioning:
-    """What prepare_encode computes once per request (tensors on the pipeline's device)."""
-
-    prompt_embeds: torch.Tensor  # [1, max_sequence_length, joint_attention_dim]
-    pooled_prompt_embeds: torch.Tensor  # [1, pooled_projection_dim]
-    guidance_scale: float
-    # Present only when true CFG is on for this request.
-    negative_prompt_embeds: torch.Tensor | None = None
-    negative_pooled_prompt_embeds: torch.Tensor | None = None
-
-    @property
-    def true_cfg(self) -> bool:
-        return self.negative_prompt_embeds is not None
-
-
-@dataclass
-class FluxRequestData:
-    """Model-private per-request data (RequestState.extra)."""
-
-    latent_image_ids: torch.Tensor  # [image tokens, 3], the same for every request of this size
+class FluxText(NamedTuple):
+    embeds: torch.Tensor  # [1, max_sequence_length, joint_attention_dim] (T5)
+    pooled: torch.Tensor  # [1, pooled_projection_dim] (CLIP)
     text_ids: torch.Tensor  # [max_sequence_length, 3], zeros
-    mu: float  # dynamic-shifting parameter of this request's schedule
-    predicted_x0: torch.Tensor | None = None  # packed, after the last step (kept only for previews)
 
 
-def _serving_defaults(studio: StudioConfig, guidance_embeds: bool, default_size: int) -> ModelDefaults:
-    # Without stepstudio.json: FLUX.1-dev's recommended 28 steps at guidance 3.5; a schnell-style
-    # model is distilled for 4 steps without CFG (guidance 0, as in diffusers' schnell example).
-    return studio.model_defaults(
-        default_size, num_inference_steps=28 if guidance_embeds else 4, guidance_scale=3.5 if guidance_embeds else 0.0
-    )
+@dataclass
+class FluxRequestExtra(RequestExtra):
+    latent_image_ids: torch.Tensor | None = None  # [image tokens, 3], the same for every request of this size
 
 
-def _default_max_sequence_length(pipe: FluxPipeline, guidance_embeds: bool) -> int:
-    # FLUX.1-dev was trained with 512 T5 tokens, schnell with 256; never more than the tokenizer holds.
-    length = MAX_SEQUENCE_LENGTH if guidance_embeds else 256
-    tokenizer_limit = getattr(pipe.tokenizer_2, "model_max_length", None)
-    if isinstance(tokenizer_limit, int) and 0 < tokenizer_limit < length:
-        length = tokenizer_limit
-    return length
-
-
-class FluxStepPipeline(BatchedPromptEncoder):
+class FluxStepPipeline(FlowMatchStepPipeline):
     """A FLUX.1 checkpoint driven one denoise step at a time (see the module docstring)."""
 
-    def __init__(
-        self,
-        pipe: FluxPipeline,
-        device: torch.device,
-        name: str = "flux",
-        studio: StudioConfig | None = None,
-        attention_backend: str | None = None,
-    ) -> None:
-        self.pipe = pipe
-        self.device = device
-        self.studio = studio or StudioConfig()
-        self.transformer = pipe.transformer
-        self.vae = pipe.vae
+    family = "flux"
+    label = "FLUX"
+    diffusers_class = FluxPipeline
+
+    def __init__(self, pipe, device, name, studio: StudioConfig | None = None, scheduler: str | None = None) -> None:
+        super().__init__(pipe, device, name, studio, scheduler)
         self.vae_scale_factor = pipe.vae_scale_factor
-        self.guidance_embeds = bool(self.transformer.config.guidance_embeds)
-        self.max_sequence_length = self.studio.max_sequence_length or _default_max_sequence_length(
-            pipe, self.guidance_embeds
+        self.guidance_embeds = bool(self.denoiser.config.guidance_embeds)
+        # FLUX.1-dev was trained with 512 T5 tokens, schnell with 256; never more than the tokenizer holds.
+        default_length = MAX_SEQUENCE_LENGTH if self.guidance_embeds else 256
+        tokenizer_limit = getattr(pipe.tokenizer_2, "model_max_length", None)
+        if isinstance(tokenizer_limit, int) and 0 < tokenizer_limit < default_length:
+            default_length = tokenizer_limit
+        self.max_sequence_length = text_length(self.studio, default_length, MAX_SEQUENCE_LENGTH, self.label)
+        self.preview_projection = projection_for(self.vae, self.studio, self.vae_scale_factor)
+        # Without stepstudio.json: FLUX.1-dev's recommended 28 steps at guidance 3.5; a schnell-style
+        # model is distilled for 4 steps without CFG (guidance 0, as in diffusers' schnell example).
+        size = pipe.default_sample_size * self.vae_scale_factor  # 1024 for FLUX.1
+        defaults = self.studio.model_defaults(
+            size, size, num_inference_steps=28 if self.guidance_embeds else 4,
+            guidance_scale=3.5 if self.guidance_embeds else 0.0,
         )
-        if not 1 <= self.max_sequence_length <= MAX_SEQUENCE_LENGTH:
-            raise ValueError(
-                f"max_sequence_length={self.max_sequence_length} is not allowed for FLUX: use 1..{MAX_SEQUENCE_LENGTH}."
-            )
-        # Pristine template: every request deep-copies it; nobody ever steps it.
-        self._scheduler_template = copy.deepcopy(pipe.scheduler)
-        self.prompt_cache = PromptEmbeddingCache(self._encode_texts)
-        self.attention_backend = select_attention_backend(self.transformer, device, self.transformer.dtype, attention_backend)
-        self.preview_projection: LatentRgbProjection = projection_for(
-            self.vae, self.studio, self.vae_scale_factor
-        )
-        default_size = pipe.default_sample_size * self.vae_scale_factor  # 1024 for FLUX.1
-        defaults = _serving_defaults(self.studio, self.guidance_embeds, default_size)
-        self.info = PipelineInfo(
-            name=name,
-            family="flux",
-            output_kind="image",
-            defaults=defaults,
+        self.info = self._pipeline_info(
+            defaults,
+            size_multiple=self.vae_scale_factor * 2,  # latents are packed in 2x2 patches
             uses_negative_prompt=not self.guidance_embeds,
-            size_multiple=self.vae_scale_factor * 2,
-            schedulers=SCHEDULERS,
-            extras={
-                "guidance": "embedded guidance (guidance-distilled)" if self.guidance_embeds
-                else "true CFG when guidance_scale > 1 and a negative prompt is given",
-                "max_sequence_length": str(self.max_sequence_length),
-                "attention": self.attention_backend,
-                "preview": self.preview_projection.source,
-                "vocabulary": " ".join(sorted(self.studio.vocabulary)),
-            },
+            guidance="embedded guidance (guidance-distilled)" if self.guidance_embeds
+            else "true CFG when guidance_scale > 1 and a negative prompt is given",
+            max_sequence_length=str(self.max_sequence_length),
         )
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        path: str | Path,
-        options: LoadOptions | None = None,
-        *,
-        attention_backend: str | None = None,
-    ) -> "FluxStepPipeline":
-        """Load a diffusers FLUX folder (safetensors only).
-
-        `attention_backend`: a diffusers attention backend name ("native" = PyTorch SDPA,
-        "flash", ...); None picks flash-attn when installed on CUDA, SDPA otherwise.
-        Compiling the transformer is `LoadOptions(compile_denoiser=True)` (see pipelines/loader.py)."""
-        options = options or LoadOptions()
-        path = Path(path)
-        if options.scheduler is not None:
-            check_scheduler_name("scheduler", options.scheduler, SCHEDULERS)
-        studio = read_studio_config(path)
-        pipe, device = load_diffusers_pipeline(FluxPipeline, path, options, "FLUX")
-        return cls(
-            pipe,
-            device,
-            name=path.name,
-            studio=studio,
-            attention_backend=attention_backend,
-        )
-
-    # ------------------------------------------------------------------ words
-    def unknown_words(self, prompt: str) -> list[str]:
-        """Words the model never learned (only for models whose stepstudio.json lists a vocabulary)."""
-        return self.studio.unknown_words(prompt)
-
-    def _model_text(self, text: str) -> str:
-        # A model with a vocabulary was trained on lower-case captions only.
-        return text.lower() if self.studio.vocabulary else text
-
-    def _uses_true_cfg(self, params: GenerationParams) -> bool:
-        return not self.guidance_embeds and params.guidance_scale > 1.0 and params.negative_prompt is not None
-
-    def _texts(self, params: GenerationParams) -> list[str]:
-        """The prompt, and the negative prompt when true CFG is on, as the text encoders see them."""
-        texts = [self._model_text(params.prompt)]
-        if self._uses_true_cfg(params):
-            texts.append(self._model_text(params.negative_prompt))
-        return texts
-
-    @torch.no_grad()
-    def _encode_texts(self, texts: list[str]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """FluxPipeline.encode_prompt for several texts at once, split back into one entry per text."""
-        prompt_embeds, pooled, text_ids = self.pipe.encode_prompt(
-            prompt=texts, prompt_2=None, device=self.device, max_sequence_length=self.max_sequence_length
-        )
-        rows = split_rows(len(texts), prompt_embeds, pooled)
-        return [(embeds, pooled_row, text_ids) for embeds, pooled_row in rows]  # text_ids: zeros, shared
-
-    # ------------------------------------------------------------------ protocol
-    def validate(self, params: GenerationParams) -> None:
-        check_image_params(params, "FLUX", self.vae_scale_factor * 2, SCHEDULERS)
 
     def batch_key(self, params: GenerationParams) -> FluxBatchKey:
         return FluxBatchKey(height=params.height, width=params.width, max_sequence_length=self.max_sequence_length)
 
-    @torch.no_grad()
-    def prepare_encode(self, state: RequestState) -> None:
-        params = state.params
-        pipe = self.pipe
-        texts = self._texts(params)
-        (prompt_embeds, pooled_prompt_embeds, text_ids), *negative = self.prompt_cache.encode_many(texts)
-        conditioning = FluxConditioning(prompt_embeds, pooled_prompt_embeds, float(params.guidance_scale))
-        if negative:
-            conditioning.negative_prompt_embeds, conditioning.negative_pooled_prompt_embeds, _ = negative[0]
-        state.conditioning = conditioning
-
-        # The request's own generator: the same seed gives the same noise as FluxPipeline.
-        state.generator = torch.Generator(device=self.device).manual_seed(params.seed)
-        latents, latent_image_ids = pipe.prepare_latents(
-            1,
-            self.transformer.config.in_channels // 4,
-            params.height,
-            params.width,
-            prompt_embeds.dtype,
-            self.device,
-            state.generator,
-        )
-        state.latents = latents
-
-        # The request's own scheduler, with FluxPipeline's sigmas and this image size's mu.
-        scheduler = copy.deepcopy(self._scheduler_template)
-        steps = params.num_inference_steps
-        sigmas = None if scheduler.config.get("use_flow_sigmas") else np.linspace(1.0, 1 / steps, steps)
-        mu = calculate_shift(
-            latents.shape[1],
-            scheduler.config.get("base_image_seq_len", 256),
-            scheduler.config.get("max_image_seq_len", 4096),
-            scheduler.config.get("base_shift", 0.5),
-            scheduler.config.get("max_shift", 1.15),
-        )
-        state.timesteps, _ = retrieve_timesteps(scheduler, steps, self.device, sigmas=sigmas, mu=mu)
-        scheduler.set_begin_index(0)
-        state.noise_scheduler = scheduler
-        state.step_index = 0
-        state.extra = FluxRequestData(latent_image_ids=latent_image_ids, text_ids=text_ids, mu=mu)
+    # ------------------------------------------------------------------ texts
+    def _uses_cfg(self, params: GenerationParams) -> bool:
+        return not self.guidance_embeds and params.guidance_scale > 1.0 and params.negative_prompt is not None
 
     @torch.no_grad()
-    def denoise_step(self, batch: Batch) -> list[torch.Tensor]:
-        latents, embeds, pooled, timesteps, guidance = [], [], [], [], []
-        for state in batch.states:
-            c: FluxConditioning = state.conditioning
-            rows = [(c.prompt_embeds, c.pooled_prompt_embeds)]
-            if c.true_cfg:  # the negative row rides in the same forward
-                rows.append((c.negative_prompt_embeds, c.negative_pooled_prompt_embeds))
-            for row_embeds, row_pooled in rows:
-                latents.append(state.latents)
-                embeds.append(row_embeds)
-                pooled.append(row_pooled)
-                timesteps.append(state.current_timestep)
-                guidance.append(c.guidance_scale)
+    def _encode_texts(self, texts: list[str]) -> list[FluxText]:
+        prompt_embeds, pooled, text_ids = self.pipe.encode_prompt(
+            prompt=texts, prompt_2=None, device=self.device, max_sequence_length=self.max_sequence_length
+        )
+        return [FluxText(embeds, pooled_row, text_ids) for embeds, pooled_row in split_rows(len(texts), prompt_embeds, pooled)]
 
-        hidden_states = torch.cat(latents)
-        # Per-row timestep [rows], cast like FluxPipeline (latents' dtype, then / 1000).
-        timestep = torch.stack(timesteps).to(device=hidden_states.device, dtype=hidden_states.dtype)
-        first: FluxRequestData = batch.states[0].extra  # ids are equal across the batch (batch key)
-        noise_pred = self.transformer(
+    # ------------------------------------------------------------------ timesteps and latents
+    def _set_timesteps(self, scheduler, params: GenerationParams) -> torch.Tensor:
+        return self._shifted_timesteps(scheduler, params, self._packed_tokens(params))
+
+    def _request_extra(self, state: RequestState) -> FluxRequestExtra:
+        return FluxRequestExtra()
+
+    def _initial_latents(self, state: RequestState) -> torch.Tensor:
+        channels = self.denoiser.config.in_channels // 4  # before 2x2 packing
+        latents, state.extra.latent_image_ids = self._stock_latents(
+            state, channels, state.conditioning.positive.embeds.dtype
+        )
+        return latents
+
+    # ------------------------------------------------------------------ forward
+    def _forward(self, denoiser: torch.nn.Module, rows: Sequence[Row]) -> torch.Tensor:
+        hidden_states = torch.cat([row.state.latents for row in rows])
+        # Per-row timestep, cast like FluxPipeline (latents' dtype, then / 1000).
+        timestep = torch.stack([row.state.current_timestep for row in rows]).to(hidden_states.device, hidden_states.dtype)
+        guidance = None
+        if self.guidance_embeds:
+            scales = [row.state.conditioning.guidance_scale for row in rows]
+            guidance = torch.tensor(scales, device=hidden_states.device, dtype=torch.float32)
+        return denoiser(
             hidden_states=hidden_states,
             timestep=timestep / 1000,
-            guidance=(
-                torch.tensor(guidance, device=hidden_states.device, dtype=torch.float32)
-                if self.guidance_embeds else None
-            ),
-            pooled_projections=torch.cat(pooled),
-            encoder_hidden_states=torch.cat(embeds),
-            txt_ids=first.text_ids,
-            img_ids=first.latent_image_ids,
+            guidance=guidance,
+            pooled_projections=torch.cat([row.text.pooled for row in rows]),
+            encoder_hidden_states=torch.cat([row.text.embeds for row in rows]),
+            txt_ids=rows[0].text.text_ids,  # equal for every row: the batch key fixes the text length
+            img_ids=rows[0].state.extra.latent_image_ids,  # and the image size
             joint_attention_kwargs={},
             return_dict=False,
         )[0]
 
-        return combine_interleaved_cfg(
-            noise_pred, [(s.conditioning.true_cfg, s.conditioning.guidance_scale) for s in batch.states]
-        )
+    # ------------------------------------------------------------------ decode and preview
+    def _vae_latents(self, state: RequestState) -> torch.Tensor:
+        latents = self._unpacked(state.latents, state.params)
+        return ((latents / self.vae.config.scaling_factor) + self.vae.config.shift_factor).to(self.vae.device)
 
-    @torch.no_grad()
-    def step_scheduler(self, state: RequestState, prediction: torch.Tensor) -> None:
-        flow_match_step(state, prediction)
-
-    @torch.no_grad()
-    def decode(self, state: RequestState, output_type: str = "pil"):
-        """FluxPipeline's decode of the request's latents: "pil", "np" or "pt" output."""
-        params = state.params
-        latents = self.pipe._unpack_latents(state.latents, params.height, params.width, self.vae_scale_factor)
-        latents = (latents / self.vae.config.scaling_factor) + self.vae.config.shift_factor
-        image = self.vae.decode(latents.to(self.vae.device), return_dict=False)[0]
-        return self.pipe.image_processor.postprocess(image, output_type=output_type)
-
-    def post_decode(self, state: RequestState) -> list[Image.Image]:
-        return self.decode(state, output_type="pil")
-
-    @torch.no_grad()
-    def preview(self, state: RequestState) -> Image.Image:
+    def _render_preview(self, x0: torch.Tensor, params: GenerationParams) -> Image.Image:
         """The predicted x0 on the latent grid (height / vae_scale_factor), linearly mapped to RGB."""
-        params = state.params
-        packed = state.extra.predicted_x0 if state.extra.predicted_x0 is not None else state.latents
-        grid = self.pipe._unpack_latents(packed, params.height, params.width, self.vae_scale_factor)
-        return self.preview_projection.render(grid[0])
+        return self.preview_projection.render(self._unpacked(x0, params)[0])

@@ -15,6 +15,20 @@ so their prompts share one text-encoder call.
 
 A pipeline never decides who runs; the engine never looks inside a state's tensors.
 Requests share a forward only when their `batch_key` is equal.
+
+Classifier-free guidance, the same in every family (pipelines/cfg.py): a request with CFG
+adds its negative (unconditional) row to the forward its positive row is in, and the rows
+of one forward are laid out as
+
+    [negative rows of the CFG requests, in batch order] + [positive rows of every request, in batch order]
+
+so requests with and without CFG, with any guidance scales, share a forward (CFG is never
+part of a batch key), and a lone CFG request is exactly diffusers' `cat([negative, positive])`.
+`denoise_step` still returns ONE guided prediction per request.
+
+Images and videos (`PipelineInfo.output_kind`): an image model's `post_decode` returns one
+image and its `preview` one small image; a video model's `post_decode` returns the video's
+frames, in order, and its `preview` a LIST of small frames (one per latent frame).
 """
 
 from __future__ import annotations
@@ -88,6 +102,7 @@ class ModelDefaults:
     guidance_scale: float
     negative_prompt: str | None = None
     num_frames: int = 1
+    fps: int | None = None  # frames per second of a video model's output; None for images
     example_prompts: tuple[str, ...] = ()
 
 
@@ -127,16 +142,18 @@ class StepPipeline(Protocol):
         give the request its own noise scheduler and timesteps."""
 
     def denoise_step(self, batch: Batch) -> Sequence["torch.Tensor"]:
-        """ONE forward for all rows; returns one prediction per row, in row order."""
+        """ONE forward for all rows (a model with several experts, Wan 2.2: one forward per
+        expert that has rows); returns one prediction per row, in row order."""
 
     def step_scheduler(self, state: RequestState, prediction: "torch.Tensor") -> None:
         """Advance the request's latents with its own noise scheduler; step_index += 1."""
 
     def post_decode(self, state: RequestState) -> "list[Image.Image]":
-        """Decode the final latents to images (or video frames)."""
+        """Decode the final latents: [image] for an image model, every frame for a video model."""
 
-    def preview(self, state: RequestState) -> "Image.Image | None":
-        """A cheap small RGB preview of the current prediction (no VAE decode), or None."""
+    def preview(self, state: RequestState) -> "Image.Image | list[Image.Image] | None":
+        """A cheap small RGB preview of the current prediction (no VAE decode), or None.
+        Video models return a list of frames (see the module docstring)."""
 
 
 @runtime_checkable

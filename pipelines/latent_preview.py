@@ -25,7 +25,7 @@ from PIL import Image
 from pipelines.studio_config import StudioConfig
 
 # Factors published with ComfyUI's latent formats (comfy/latent_formats.py). They map to
-# [-1, 1]; `_to_unit_range` rescales them to [0, 1] like every other source here.
+# [-1, 1]; `published_projection` rescales them to [0, 1] like every other source here.
 _FLUX_FACTORS = [
     [-0.0346, 0.0244, 0.0681], [0.0034, 0.0210, 0.0687], [0.0275, -0.0668, -0.0433], [-0.0174, 0.0160, 0.0617],
     [0.0859, 0.0721, 0.0329], [0.0004, 0.0383, 0.0115], [0.0405, 0.0861, 0.0915], [-0.0236, -0.0185, -0.0259],
@@ -70,32 +70,41 @@ class LatentRgbProjection:
         return Image.fromarray(np.ascontiguousarray(array), mode="RGB")
 
 
-def _to_unit_range(factors: list, bias: list) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.tensor(factors) / 2.0, (torch.tensor(bias) + 1.0) / 2.0
-
-
 def _vae_normalization(vae) -> tuple[float, float]:
     """(shift, scale) with normalized = (z - shift) * scale, as the pipelines use them."""
     return float(vae.config.shift_factor or 0.0), float(vae.config.scaling_factor)
 
 
+def studio_projection(studio: StudioConfig, channels: int) -> LatentRgbProjection | None:
+    """stepstudio.json's factors, checked against the VAE's latent channels (None when it has none)."""
+    if studio.preview_rgb_factors is None:
+        return None
+    if len(studio.preview_rgb_factors) != channels:
+        raise ValueError(
+            f"stepstudio.json: preview_rgb_factors has {len(studio.preview_rgb_factors)} rows; "
+            f"this VAE has {channels} latent channels, so it needs {channels} rows of [r, g, b]."
+        )
+    return LatentRgbProjection(
+        torch.tensor(studio.preview_rgb_factors), torch.tensor(studio.preview_rgb_bias), "stepstudio.json"
+    )
+
+
+def published_projection(factors, bias, source: str) -> LatentRgbProjection:
+    """Factors published for [-1, 1] output, as a projection to [0, 1]."""
+    return LatentRgbProjection(torch.tensor(factors) / 2.0, (torch.tensor(bias) + 1.0) / 2.0, source)
+
+
 def projection_for(vae, studio: StudioConfig, vae_scale_factor: int) -> LatentRgbProjection:
     """The preview projection of a model: stepstudio.json, a known VAE, or fitted now."""
     channels = int(vae.config.latent_channels)
-    if studio.preview_rgb_factors is not None:
-        if len(studio.preview_rgb_factors) != channels:
-            raise ValueError(
-                f"stepstudio.json: preview_rgb_factors has {len(studio.preview_rgb_factors)} rows; "
-                f"this VAE has {channels} latent channels, so it needs {channels} rows of [r, g, b]."
-            )
-        return LatentRgbProjection(
-            torch.tensor(studio.preview_rgb_factors), torch.tensor(studio.preview_rgb_bias), "stepstudio.json"
-        )
+    configured = studio_projection(studio, channels)
+    if configured is not None:
+        return configured
     shift, scale = _vae_normalization(vae)
     known = _KNOWN_VAES.get((channels, round(scale, 4), round(shift, 4)))
     if known is not None:
         name, factors, bias = known
-        return LatentRgbProjection(*_to_unit_range(factors, bias), name)
+        return published_projection(factors, bias, name)
     return fit_projection(vae, vae_scale_factor)
 
 

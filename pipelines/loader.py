@@ -21,6 +21,7 @@ FAMILIES: dict[str, str] = {
     "StableDiffusionPipeline": "pipelines.stable_diffusion:StableDiffusionStepPipeline",
     "StableDiffusionXLPipeline": "pipelines.sdxl:StableDiffusionXLStepPipeline",
     "QwenImagePipeline": "pipelines.qwen_image:QwenImageStepPipeline",
+    "WanPipeline": "pipelines.wan:WanStepPipeline",
 }
 
 BUILTIN_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "shapes-flux"
@@ -118,11 +119,12 @@ def load_pipeline(model: str | None = None, options: LoadOptions | None = None) 
 
 
 def compile_denoiser(pipeline: StepPipeline) -> None:
-    """`torch.compile` the pipeline's transformer or UNet in place (dynamic batch dimension)."""
-    denoiser = getattr(pipeline, "transformer", None) or getattr(pipeline, "unet", None)
-    if denoiser is None:
+    """`torch.compile` the pipeline's transformer(s) or UNet in place (dynamic batch dimension)."""
+    denoisers = getattr(pipeline, "denoisers", ())
+    if not denoisers:
         raise ValueError(f"{type(pipeline).__name__} has no transformer or unet to compile.")
-    denoiser.compile(dynamic=True)
+    for denoiser in denoisers:
+        denoiser.compile(dynamic=True)
 
 
 def _download(model_id: str) -> Path:

@@ -3,6 +3,7 @@
 Every key is optional. A folder without the file is served with its family's defaults.
 
     height, width, num_inference_steps, guidance_scale, negative_prompt   ModelDefaults
+    num_frames, fps                                                       ModelDefaults of video models
     max_sequence_length                                                   text length of the T5 encoder
     example_prompts                                                       shown in the studio
     vocabulary                                                            the only words the model knows;
@@ -32,6 +33,8 @@ class StudioConfig:
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
     negative_prompt: str | None = None
+    num_frames: int | None = None
+    fps: int | None = None
     max_sequence_length: int | None = None
     example_prompts: tuple[str, ...] = ()
     vocabulary: frozenset[str] = frozenset()
@@ -39,15 +42,24 @@ class StudioConfig:
     preview_rgb_bias: tuple[float, ...] | None = None
 
     def model_defaults(
-        self, size: int, num_inference_steps: int, guidance_scale: float, negative_prompt: str | None = None
+        self,
+        width: int,
+        height: int,
+        num_inference_steps: int,
+        guidance_scale: float,
+        negative_prompt: str | None = None,
+        num_frames: int = 1,
+        fps: int | None = None,
     ) -> ModelDefaults:
         """The serving defaults: this file's values where set, else the family's (the arguments)."""
         return ModelDefaults(
-            width=self.width or size,
-            height=self.height or size,
+            width=self.width or width,
+            height=self.height or height,
             num_inference_steps=self.num_inference_steps or num_inference_steps,
             guidance_scale=guidance_scale if self.guidance_scale is None else self.guidance_scale,
             negative_prompt=negative_prompt if self.negative_prompt is None else self.negative_prompt,
+            num_frames=self.num_frames or num_frames,
+            fps=self.fps or fps,
             example_prompts=tuple(self.example_prompts),
         )
 
@@ -104,6 +116,8 @@ def read_studio_config(folder: Path) -> StudioConfig:
         num_inference_steps=_typed(path, data, "num_inference_steps", int),
         guidance_scale=None if guidance is None else float(guidance),
         negative_prompt=_typed(path, data, "negative_prompt", str),
+        num_frames=_typed(path, data, "num_frames", int),
+        fps=_typed(path, data, "fps", int),
         max_sequence_length=_typed(path, data, "max_sequence_length", int),
         example_prompts=tuple(_typed(path, data, "example_prompts", list) or ()),
         vocabulary=frozenset(word.lower() for word in (_typed(path, data, "vocabulary", list) or ())),

@@ -1,7 +1,7 @@
 """FluxStepPipeline against the stock diffusers FluxPipeline, on tiny random-weight checkpoints.
 
 Parity is checked twice: through the engine (decoded uint8 images) and through the step
-protocol driven by hand (float outputs, so the bound is tight and arrivals are exact).
+protocol driven by hand (float outputs, and exact arrivals).
 """
 
 from __future__ import annotations
@@ -15,20 +15,20 @@ import torch
 from diffusers import FluxPipeline
 from diffusers.utils import logging as diffusers_logging
 
-from engine import Completed, Engine, GenerationParams, Progress
+from engine import Engine, GenerationParams, Progress
 from pipelines.flux import FluxBatchKey, FluxStepPipeline
 from pipelines.interface import StepPipeline
 from pipelines.latent_preview import fit_projection, projection_for
 from pipelines.loader import load_pipeline
 from pipelines.studio_config import StudioConfig
-from tests.pipeline_parity import run_joining_together
-from tests.protocol_driver import SubmitDuringForward, drive, max_abs_diff
-from tests.tiny_models import T5_LENGTH, build_tiny_flux
+from tests.pipeline_parity import SIZE, ForwardLog, Run, assert_same, assert_step_outputs_match
+from tests.pipeline_parity import finished, request, run_joining_together, tiny_family
+from tests.protocol_driver import drive
+from tests.tiny_checkpoints import T5_LENGTH, build_tiny_flux, build_tiny_flux_dev
 
 diffusers_logging.set_verbosity_error()
 diffusers_logging.disable_progress_bar()
 
-SIZE = 32  # pixels; 16x16 latents, 64 packed tokens
 STUDIO_CONFIG = {
     "height": SIZE,
     "width": SIZE,
@@ -38,183 +38,144 @@ STUDIO_CONFIG = {
     "negative_prompt": "",
     "example_prompts": ["a red circle"],
 }
-FLOAT_TOLERANCE = 1e-5
+
+
+def flux_arguments(p: GenerationParams) -> dict:
+    """FluxPipeline.__call__'s guidance for our one guidance_scale (see pipelines/flux.py)."""
+    if p.guidance_scale > 1 and p.negative_prompt is not None:
+        return {"true_cfg_scale": p.guidance_scale, "negative_prompt": p.negative_prompt, "max_sequence_length": T5_LENGTH}
+    return {"max_sequence_length": T5_LENGTH}
 
 
 # ---------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="session")
-def tiny_flux_checkpoint(tmp_path_factory):
-    """A schnell-style tiny FLUX folder (no guidance embedding) with a stepstudio.json."""
-    return build_tiny_flux(tmp_path_factory.mktemp("tiny-flux") / "model", studio_config=STUDIO_CONFIG)
+def schnell(tmp_path_factory):
+    """A schnell-style tiny FLUX (no guidance embedding) with a stepstudio.json: ours and stock."""
+    folder = tmp_path_factory.mktemp("tiny-flux") / "model"
+    return tiny_family(folder, build_tiny_flux, FluxPipeline, flux_arguments, STUDIO_CONFIG)
 
 
 @pytest.fixture(scope="session")
-def tiny_flux_dev_checkpoint(tmp_path_factory):
-    """A dev-style tiny FLUX folder (guidance embedding), without stepstudio.json."""
-    return build_tiny_flux(tmp_path_factory.mktemp("tiny-flux-dev") / "model", guidance_embeds=True)
+def dev(tmp_path_factory):
+    """A dev-style tiny FLUX (guidance embedding), without stepstudio.json: ours and stock."""
+    folder = tmp_path_factory.mktemp("tiny-flux-dev") / "model"
+    arguments = lambda p: {"guidance_scale": p.guidance_scale, "max_sequence_length": T5_LENGTH}  # noqa: E731
+    return tiny_family(folder, build_tiny_flux_dev, FluxPipeline, arguments)
 
 
 @pytest.fixture(scope="session")
-def flux(tiny_flux_checkpoint):
-    return load_pipeline(str(tiny_flux_checkpoint))
+def flux(schnell):
+    return schnell.pipeline
 
 
 @pytest.fixture(scope="session")
-def flux_dev(tiny_flux_dev_checkpoint):
-    return load_pipeline(str(tiny_flux_dev_checkpoint))
-
-
-@pytest.fixture(scope="session")
-def reference(tiny_flux_checkpoint):
-    return FluxPipeline.from_pretrained(tiny_flux_checkpoint, use_safetensors=True)
-
-
-@pytest.fixture(scope="session")
-def reference_dev(tiny_flux_dev_checkpoint):
-    return FluxPipeline.from_pretrained(tiny_flux_dev_checkpoint, use_safetensors=True)
-
-
-# ---------------------------------------------------------------------------- helpers
-def make_params(prompt="a red circle", seed=1, steps=4, guidance=1.0, negative=None, **extra) -> GenerationParams:
-    fields = dict(width=SIZE, height=SIZE, num_frames=1)
-    fields.update(extra)
-    return GenerationParams(
-        prompt=prompt, negative_prompt=negative, num_inference_steps=steps, guidance_scale=guidance, seed=seed, **fields
-    )
-
-
-def stock_output(reference_pipe, p: GenerationParams, output_type: str, guidance_embeds: bool = False):
-    """What diffusers' own FluxPipeline.__call__ makes for the same request."""
-    if guidance_embeds:
-        guidance = {"guidance_scale": p.guidance_scale}
-    elif p.guidance_scale > 1 and p.negative_prompt is not None:
-        guidance = {"true_cfg_scale": p.guidance_scale, "negative_prompt": p.negative_prompt}
-    else:
-        guidance = {}
-    return reference_pipe(
-        p.prompt,
-        height=p.height,
-        width=p.width,
-        num_inference_steps=p.num_inference_steps,
-        max_sequence_length=T5_LENGTH,
-        generator=torch.Generator("cpu").manual_seed(p.seed),
-        output_type=output_type,
-        **guidance,
-    ).images
-
-
-def pixels(final) -> np.ndarray:
-    assert isinstance(final, Completed), f"expected a completed request, got {final!r}"
-    return np.asarray(final.images[0])
+def flux_dev(dev):
+    return dev.pipeline
 
 
 # ---------------------------------------------------------------------------- parity
-def test_engine_batch_of_one_matches_flux_pipeline(flux, reference):
-    p = make_params(seed=7, steps=5)
-    engine = Engine(flux, mode="step", max_batch=8).start()
-    try:
-        final = engine.submit(p, session_id="a").result(timeout=60)
-    finally:
-        engine.close()
-    expected = np.asarray(stock_output(reference, p, "pil")[0])
-    assert pixels(final).shape == (SIZE, SIZE, 3)
-    assert np.array_equal(pixels(final), expected)
+def test_engine_batch_of_one_matches_flux_pipeline(flux, schnell):
+    p = request(seed=7, num_inference_steps=5)
+    with Run(flux) as run:
+        ours = finished(run, run.submit(p))
+    assert ours[1].shape == (SIZE, SIZE, 3)
+    assert_same(ours, schnell.reference(p))
+    assert run.forwards.rows == [1] * 5
 
 
-def test_step_protocol_matches_flux_pipeline_output_tensor(flux, reference):
-    p = make_params(seed=11, steps=6)
+def test_step_protocol_matches_flux_pipeline_output_tensor(flux, schnell):
+    p = request(seed=11, num_inference_steps=6)
     [state] = drive(flux, [(0, p)])
-    assert max_abs_diff(flux.decode(state, "np"), stock_output(reference, p, "np")) <= FLOAT_TOLERANCE
-    assert max_abs_diff(state.latents, stock_output(reference, p, "latent")) <= FLOAT_TOLERANCE
+    assert_step_outputs_match(schnell, state, p)
 
 
-def test_cobatched_requests_with_staggered_arrivals_match_their_solo_runs(flux, reference):
+def test_cobatched_requests_with_staggered_arrivals_match_their_solo_runs(flux, schnell):
     requests = [
-        (0, make_params("a red circle", seed=1, steps=6)),
-        (2, make_params("a blue square on the left", seed=2, steps=3)),
-        (3, make_params("a green triangle", seed=3, steps=5, guidance=3.0, negative="blurry")),  # true CFG row
+        (0, request("a red circle", seed=1, num_inference_steps=6)),
+        (2, request("a blue square on the left", seed=2, num_inference_steps=3)),
+        (3, request("a green triangle", seed=3, num_inference_steps=5, guidance_scale=3.0, negative_prompt="blurry")),  # true CFG row
     ]
-    states = drive(flux, requests)
+    with ForwardLog(flux) as log:
+        states = drive(flux, requests)
+    # One forward per step; the CFG request adds its negative row to it.
+    assert log.rows == [1, 1, 2, 4, 4, 3, 2, 2]
     for (_, p), state in zip(requests, states):
         assert state.step_index == p.num_inference_steps
-        assert max_abs_diff(flux.decode(state, "np"), stock_output(reference, p, "np")) <= FLOAT_TOLERANCE
+        assert_step_outputs_match(schnell, state, p)
 
 
-def test_engine_cobatches_mid_run_arrivals_and_matches_flux_pipeline(flux, reference):
-    first = make_params("a red circle", seed=1, steps=8)
+def test_engine_cobatches_mid_run_arrivals_and_matches_flux_pipeline(flux, schnell):
+    first = request("a red circle", seed=1, num_inference_steps=8)
     joiners = {  # forward number during which each one is submitted
-        1: make_params("a blue square on the left", seed=2, steps=4),
-        3: make_params("a green triangle", seed=3, steps=5, guidance=3.0, negative="blurry"),
+        1: request("a blue square on the left", seed=2, num_inference_steps=4),
+        3: request("a green triangle", seed=3, num_inference_steps=5, guidance_scale=3.0, negative_prompt="blurry"),
     }
-    planned = SubmitDuringForward(flux, joiners)
-    engine = planned.engine = Engine(planned, mode="step", max_batch=8).start()
-    try:
-        handle = engine.submit(first, session_id="a")
-        results = [(first, handle.result(timeout=60))]
-        results += [(joiners[k], h.result(timeout=60)) for k, h in planned.handles.items()]
-        joined_batch_sizes = {
-            k: [e.batch_size for e in h.events(timeout=1) if isinstance(e, Progress)] for k, h in planned.handles.items()
-        }
-    finally:
-        engine.close()
-
+    with Run(flux, arrivals=joiners) as run:
+        results = [finished(run, run.submit(first))]  # the longest: the others arrived meanwhile
+        results += [finished(run, handle) for handle in run.handles[1:]]
+        joined_batch_sizes = [
+            [e.batch_size for e in handle.events(timeout=1) if isinstance(e, Progress)] for handle in run.handles[1:]
+        ]
     # Joiner 1 runs in forwards 2..5, joiner 3 in forwards 4..8, the first request in 1..8.
-    assert joined_batch_sizes == {1: [2, 2, 3, 3], 3: [3, 3, 2, 2, 2]}
-    for p, final in results:
-        expected = np.asarray(stock_output(reference, p, "pil")[0])
-        # Batched and single forwards differ by float rounding (<= 1e-6): at most one uint8 level.
-        assert max_abs_diff(pixels(final), expected) <= 1
+    assert joined_batch_sizes == [[2, 2, 3, 3], [3, 3, 2, 2, 2]]
+    assert run.forwards.rows == [1, 2, 2, 4, 4, 3, 3, 3]  # joiner 3's negative row rides along
+    for p, ours in zip([first, *joiners.values()], results):
+        assert_same(ours, schnell.reference(p))
 
 
-def test_requests_joining_one_step_share_one_text_encoding_and_match_flux_pipeline(flux, reference, monkeypatch):
+def test_requests_joining_one_step_share_one_text_encoding_and_match_flux_pipeline(flux, schnell, monkeypatch):
     requests = [
-        make_params("a red circle", seed=1, steps=3, guidance=3.0, negative="blurry"),  # true CFG
-        make_params("a blue square", seed=2, steps=4),
-        make_params("a red circle", seed=3, steps=3, guidance=2.0, negative="blurry"),
+        request("a red circle", seed=1, num_inference_steps=3, guidance_scale=3.0, negative_prompt="blurry"),  # true CFG
+        request("a blue square", seed=2, num_inference_steps=4),
+        request("a red circle", seed=3, num_inference_steps=3, guidance_scale=2.0, negative_prompt="blurry"),
     ]
-    results, calls = run_joining_together(flux, requests, monkeypatch)
+    results, calls, run = run_joining_together(flux, requests, monkeypatch)
     assert calls == [["a red circle", "blurry", "a blue square"]]  # each distinct text once
+    assert run.forwards.rows == [5, 5, 5, 1]  # three requests (two with CFG) in one forward
     # Each cached entry owns its memory (one text's rows), not a view into the batch.
     for text in calls[0]:
         embeds, pooled, _ = flux.prompt_cache.encode(text)
         for tensor in (embeds, pooled):
             assert tensor.shape[0] == 1
             assert tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
-    for p, (_, image) in zip(requests, results):
-        assert max_abs_diff(image, np.asarray(stock_output(reference, p, "pil")[0])) <= 1
+    for p, ours in zip(requests, results):
+        assert_same(ours, schnell.reference(p))
     # A repeated text comes from the cache: no text encoding at all.
-    _, again = run_joining_together(flux, [make_params("a blue square", seed=4, steps=2)], monkeypatch, keep_cache=True)
+    _, again, _ = run_joining_together(
+        flux, [request("a blue square", seed=4, num_inference_steps=2)], monkeypatch, keep_cache=True
+    )
     assert again == []
 
 
-def test_true_cfg_with_negative_prompt_matches_flux_pipeline(flux, reference):
-    p = make_params("a red circle", seed=5, steps=4, guidance=4.0, negative="blurry")
+def test_true_cfg_with_negative_prompt_matches_flux_pipeline(flux, schnell):
+    p = request("a red circle", seed=5, num_inference_steps=4, guidance_scale=4.0, negative_prompt="blurry")
     [state] = drive(flux, [(0, p)])
-    assert state.conditioning.true_cfg
-    assert max_abs_diff(flux.decode(state, "np"), stock_output(reference, p, "np")) <= FLOAT_TOLERANCE
-    no_cfg = make_params("a red circle", seed=5, steps=4, guidance=1.0, negative="blurry")
+    assert state.conditioning.cfg
+    assert_step_outputs_match(schnell, state, p)
+    no_cfg = request("a red circle", seed=5, num_inference_steps=4, guidance_scale=1.0, negative_prompt="blurry")
     [plain] = drive(flux, [(0, no_cfg)])
-    assert not plain.conditioning.true_cfg
-    assert max_abs_diff(plain.latents, state.latents) > 1e-3  # CFG really changed the result
+    assert not plain.conditioning.cfg
+    assert (plain.latents - state.latents).abs().max().item() > 1e-3  # CFG really changed the result
 
 
-def test_guidance_embedding_model_matches_flux_pipeline_with_per_row_scales(flux_dev, reference_dev):
+def test_guidance_embedding_model_matches_flux_pipeline_with_per_row_scales(flux_dev, dev):
     assert flux_dev.guidance_embeds and not flux_dev.info.uses_negative_prompt
     requests = [
-        (0, make_params("a red circle", seed=1, steps=4, guidance=3.5)),
-        (1, make_params("a blue square", seed=2, steps=3, guidance=7.0)),
+        (0, request("a red circle", seed=1, num_inference_steps=4, guidance_scale=3.5)),
+        (1, request("a blue square", seed=2, num_inference_steps=3, guidance_scale=7.0)),
     ]
-    states = drive(flux_dev, requests)
+    with ForwardLog(flux_dev) as log:
+        states = drive(flux_dev, requests)
+    assert log.rows == [1, 2, 2, 2]
     for (_, p), state in zip(requests, states):
-        expected = stock_output(reference_dev, p, "np", guidance_embeds=True)
-        assert max_abs_diff(flux_dev.decode(state, "np"), expected) <= FLOAT_TOLERANCE
+        assert_step_outputs_match(dev, state, p)
 
 
 def test_requests_share_a_batch_key_across_steps_seeds_prompts_and_guidance(flux):
-    a = make_params("a red circle", seed=1, steps=4, guidance=1.0)
-    b = make_params("a blue square", seed=9, steps=20, guidance=5.0, negative="blurry")
+    a = request("a red circle", seed=1, num_inference_steps=4, guidance_scale=1.0)
+    b = request("a blue square", seed=9, num_inference_steps=20, guidance_scale=5.0, negative_prompt="blurry")
     assert flux.batch_key(a) == flux.batch_key(b) == FluxBatchKey(SIZE, SIZE, T5_LENGTH)
-    wider = make_params(width=SIZE * 2)
+    wider = request(width=SIZE * 2)
     assert flux.batch_key(wider) != flux.batch_key(a)
 
 
@@ -222,7 +183,7 @@ def test_requests_share_a_batch_key_across_steps_seeds_prompts_and_guidance(flux
 def test_engine_previews_are_small_rgb_images_on_the_latent_grid(flux):
     engine = Engine(flux, mode="step", max_batch=8).start()
     try:
-        handle = engine.submit(make_params(seed=3, steps=4, preview_every=1), session_id="a")
+        handle = engine.submit(request(seed=3, num_inference_steps=4, preview_every=1), session_id="a")
         previews = [e.preview for e in handle.events(timeout=60) if isinstance(e, Progress) and e.preview is not None]
     finally:
         engine.close()
@@ -282,9 +243,9 @@ def test_the_released_flux_vae_gets_its_published_preview_factors():
 
 def test_preview_factors_from_stepstudio_json_are_used(flux):
     studio = StudioConfig(preview_rgb_factors=((0.0, 0.0, 0.0),) * 4, preview_rgb_bias=(1.0, 0.0, 0.0))
-    red = FluxStepPipeline(flux.pipe, flux.device, studio=studio)
+    red = FluxStepPipeline(flux.pipe, flux.device, "red", studio)
     assert red.info.extras["preview"] == "stepstudio.json"
-    [state] = drive(red, [(0, make_params(steps=2, preview_every=1))])
+    [state] = drive(red, [(0, request(num_inference_steps=2, preview_every=1))])
     assert np.unique(np.asarray(red.preview(state)).reshape(-1, 3), axis=0).tolist() == [[255, 0, 0]]
 
 
@@ -309,13 +270,13 @@ def test_without_stepstudio_json_real_flux_defaults_apply(flux_dev):
 
 def test_vocabulary_lowercases_prompts_and_reports_unknown_words(flux):
     studio = StudioConfig(vocabulary=frozenset({"a", "red", "circle", "blue", "square"}))
-    worded = FluxStepPipeline(flux.pipe, flux.device, studio=studio)
+    worded = FluxStepPipeline(flux.pipe, flux.device, "worded", studio)
     unknown = worded.unknown_words("A Red circle, purple hexagon and a purple star")
     assert unknown == ["purple", "hexagon", "and", "star"]
     assert worded.unknown_words("a RED circle") == []
     assert set(worded.info.extras["vocabulary"].split()) == set(studio.vocabulary)
     upper, lower = drive(
-        worded, [(0, make_params("A RED Circle", seed=4, steps=2)), (0, make_params("a red circle", seed=4, steps=2))]
+        worded, [(0, request("A RED Circle", seed=4, num_inference_steps=2)), (0, request("a red circle", seed=4, num_inference_steps=2))]
     )
     assert torch.equal(upper.latents, lower.latents)
 
@@ -357,15 +318,15 @@ def test_folder_without_model_index_is_a_clear_error(tmp_path):
         load_pipeline(str(tmp_path))
 
 
-def test_corrupt_weights_are_a_clear_error(tiny_flux_checkpoint, tmp_path):
-    broken = shutil.copytree(tiny_flux_checkpoint, tmp_path / "broken")
+def test_corrupt_weights_are_a_clear_error(schnell, tmp_path):
+    broken = shutil.copytree(schnell.folder, tmp_path / "broken")
     (broken / "transformer" / "diffusion_pytorch_model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ValueError, match="could not load .*broken as a FLUX checkpoint"):
         load_pipeline(str(broken))
 
 
-def test_missing_component_is_a_clear_error(tiny_flux_checkpoint, tmp_path):
-    broken = shutil.copytree(tiny_flux_checkpoint, tmp_path / "partial")
+def test_missing_component_is_a_clear_error(schnell, tmp_path):
+    broken = shutil.copytree(schnell.folder, tmp_path / "partial")
     shutil.rmtree(broken / "vae")
     with pytest.raises(ValueError, match="could not load .*partial as a FLUX checkpoint"):
         load_pipeline(str(broken))

@@ -68,7 +68,7 @@ def test_a_compiled_denoiser_gives_the_same_image(tmp_path):
     import numpy as np
 
     from engine import GenerationParams
-    from tests.tiny_models import build_tiny_flux
+    from tests.tiny_checkpoints import build_tiny_flux
 
     folder = build_tiny_flux(tmp_path / "flux", studio_config={"height": 32, "width": 32, "max_sequence_length": 16})
     images = []
@@ -95,3 +95,15 @@ def test_the_prompt_cache_size_is_a_load_option():
     assert pipeline.text_encoder_calls == [("a red circle",), ("a red circle",)]  # nothing kept
     with pytest.raises(ValueError, match="prompt_cache_size=-1 must be 0"):
         load_pipeline("toy", LoadOptions(prompt_cache_size=-1))
+
+
+def test_every_family_is_built_the_same_way():
+    import inspect
+
+    from pipelines.loader import FAMILIES, family_class
+    from pipelines.wan import WanStepPipeline
+
+    assert family_class("WanPipeline") is WanStepPipeline
+    for class_name in FAMILIES:
+        parameters = list(inspect.signature(family_class(class_name).__init__).parameters)
+        assert parameters == ["self", "pipe", "device", "name", "studio", "scheduler"], class_name

@@ -4,7 +4,7 @@ there, and the ratios come from the measured records (the full run stays out of 
 import pytest
 
 from benchmarks import serving
-from tests.tiny_models import build_tiny_flux
+from tests.tiny_checkpoints import build_tiny_flux
 
 STUDIO = {"height": 32, "width": 32, "max_sequence_length": 16, "num_inference_steps": 4,
           "guidance_scale": 2.0, "negative_prompt": ""}

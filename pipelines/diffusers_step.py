@@ -1,0 +1,279 @@
+"""What every model family does the same way: the step protocol over a loaded diffusers pipeline.
+
+A family file subclasses `DiffusersStepPipeline` (or `FlowMatchStepPipeline`, pipelines/flow_match.py)
+and says only what its model does differently, in the order of its diffusers `__call__`:
+
+    _texts / _encode_texts     which texts a request encodes, and the batched text encoder
+    _set_timesteps             the request's own scheduler's schedule
+    _initial_latents           the request's noise, from its own generator
+    _forward                   ONE denoiser forward over the rows of the CFG layout (pipelines/cfg.py)
+    _vae_latents, _render_preview
+
+This class owns the rest, once for every family: loading, the constructor, the prompt cache,
+per-request scheduler set-up (a deep copy of a pristine template), the CFG row layout and
+combine, the scheduler step, and the predicted x0 kept for previews.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from PIL import Image
+
+from pipelines.attention import select_attention_backend
+from pipelines.cfg import CfgLayout, Row, linear_guidance
+from pipelines.diffusers_api import check_relied_on
+from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
+from pipelines.loader import LoadOptions, load_diffusers_pipeline
+from pipelines.params import GenerationParams
+from pipelines.prompt_cache import BatchedPromptEncoder, PromptEmbeddingCache
+from pipelines.studio_config import StudioConfig, read_studio_config
+from pipelines.validation import check_image_params, check_scheduler_name
+
+
+@dataclass
+class Conditioning:
+    """What prepare_encode computes once per request (RequestState.conditioning)."""
+
+    positive: Any  # the family's text row for the prompt
+    negative: Any | None  # the CFG (unconditional) row; None when this request runs without CFG
+    guidance_scale: float
+
+    @property
+    def cfg(self) -> bool:
+        return self.negative is not None
+
+
+@dataclass
+class RequestExtra:
+    """Model-private per-request data (RequestState.extra); families add fields."""
+
+    predicted_x0: torch.Tensor | None = None  # after the last step, kept only for previews
+
+
+@functools.lru_cache(maxsize=None)
+def _step_accepts(scheduler_class: type) -> tuple[bool, bool]:
+    """(accepts eta, accepts generator): not every scheduler's step takes them."""
+    names = set(inspect.signature(scheduler_class.step).parameters)
+    return "eta" in names, "generator" in names
+
+
+def text_length(studio: StudioConfig, default: int, limit: int, label: str) -> int:
+    """The T5 length a model is served with: stepstudio.json's, else the family's default."""
+    length = studio.max_sequence_length or default
+    if not 1 <= length <= limit:
+        raise ValueError(f"max_sequence_length={length} is not allowed for {label}: use 1..{limit}.")
+    return length
+
+
+class DiffusersStepPipeline(BatchedPromptEncoder):
+    """The shared half of every family (see the module docstring)."""
+
+    family: str  # PipelineInfo.family
+    label: str  # the model's name in error messages
+    diffusers_class: type  # the diffusers pipeline from_pretrained loads
+    output_kind = "image"
+
+    def __init__(
+        self,
+        pipe,
+        device: torch.device,
+        name: str,
+        studio: StudioConfig | None = None,
+        scheduler: str | None = None,
+    ) -> None:
+        """Every family's constructor: the loaded diffusers pipeline, its device, the model's
+        name, its stepstudio.json and the default noise scheduler's name (None: the checkpoint's)."""
+        self.pipe = pipe
+        self.device = device
+        self.name = name
+        self.studio = studio or StudioConfig()
+        self.vae = pipe.vae
+        self.denoiser = self._denoiser(pipe)
+        self.schedulers = self._offered_schedulers(pipe.scheduler)
+        if scheduler is not None:
+            check_scheduler_name("scheduler", scheduler, self.schedulers)
+        self.default_scheduler = scheduler
+        # Pristine template: every request deep-copies it; nobody ever steps it.
+        self._checkpoint_scheduler = copy.deepcopy(pipe.scheduler)
+        self.prompt_cache = PromptEmbeddingCache(self._encode_texts)
+        self.attention_backend = select_attention_backend(self.denoiser, device, self.denoiser.dtype)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, options: LoadOptions | None = None) -> "DiffusersStepPipeline":
+        """Load a diffusers folder of this family (safetensors only)."""
+        options = options or LoadOptions()
+        path = Path(path)
+        check_relied_on(cls.diffusers_class)
+        pipe, device = load_diffusers_pipeline(
+            cls.diffusers_class, path, options, cls.label, **cls._load_kwargs(path, options)
+        )
+        return cls(pipe, device, path.name, read_studio_config(path), options.scheduler)
+
+    @classmethod
+    def _load_kwargs(cls, path: Path, options: LoadOptions) -> dict[str, Any]:
+        return {}
+
+    def _denoiser(self, pipe) -> torch.nn.Module:
+        return pipe.transformer
+
+    @property
+    def denoisers(self) -> tuple[torch.nn.Module, ...]:
+        """Every transformer or UNet this pipeline runs (what `--compile` compiles)."""
+        return (self.denoiser,)
+
+    def _offered_schedulers(self, checkpoint_scheduler) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def _pipeline_info(
+        self, defaults: ModelDefaults, size_multiple: int, uses_negative_prompt: bool = True, **extras: str
+    ) -> PipelineInfo:
+        return PipelineInfo(
+            name=self.name,
+            family=self.family,
+            output_kind=self.output_kind,
+            defaults=defaults,
+            uses_negative_prompt=uses_negative_prompt,
+            size_multiple=size_multiple,
+            schedulers=self.schedulers,
+            extras={
+                **extras,
+                "default_scheduler": self.default_scheduler or self.schedulers[0],
+                "attention": self.attention_backend,
+                "preview": self.preview_projection.source,
+                "vocabulary": " ".join(sorted(self.studio.vocabulary)),
+            },
+        )
+
+    # ------------------------------------------------------------------ words
+    def unknown_words(self, prompt: str) -> list[str]:
+        """Words the model never learned (only for models whose stepstudio.json lists a vocabulary)."""
+        return self.studio.unknown_words(prompt)
+
+    def _model_text(self, text: str) -> str:
+        # A model with a vocabulary was trained on lower-case captions only.
+        return text.lower() if self.studio.vocabulary else text
+
+    # ------------------------------------------------------------------ prompts
+    def _uses_cfg(self, params: GenerationParams) -> bool:
+        raise NotImplementedError
+
+    def _negative_text(self, params: GenerationParams) -> str | None:
+        """The text of the CFG row; None: no text, the family's `_unconditional` row instead."""
+        return params.negative_prompt or ""  # diffusers encodes "" when there is no negative prompt
+
+    def _texts(self, params: GenerationParams) -> list[str]:
+        """The prompt, and with CFG the negative text (if one is encoded), as the encoders see them."""
+        texts = [self._model_text(params.prompt)]
+        negative = self._negative_text(params) if self._uses_cfg(params) else None
+        if negative is not None:
+            texts.append(self._model_text(negative))
+        return texts
+
+    def _encode_texts(self, texts: list[str]) -> list[Any]:
+        """The family's text encoders over several texts at once: one text row per text."""
+        raise NotImplementedError
+
+    def _unconditional(self, positive: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} encodes a text for every CFG row.")
+
+    def _conditioning(self, params: GenerationParams) -> Conditioning:
+        positive, *negative = self.prompt_cache.encode_many(self._texts(params))
+        uncond = None
+        if self._uses_cfg(params):
+            uncond = negative[0] if negative else self._unconditional(positive)
+        return Conditioning(positive, uncond, float(params.guidance_scale))
+
+    # ------------------------------------------------------------------ protocol
+    def validate(self, params: GenerationParams) -> None:
+        check_image_params(params, self.label, self.info.size_multiple, self.schedulers)
+
+    @torch.no_grad()
+    def prepare_encode(self, state: RequestState) -> None:
+        params = state.params
+        state.conditioning = self._conditioning(params)
+        # The request's own scheduler, never shared; its own schedule from step 0.
+        scheduler = copy.deepcopy(self._scheduler_template(params))
+        state.timesteps = self._set_timesteps(scheduler, params)
+        if hasattr(scheduler, "set_begin_index"):
+            scheduler.set_begin_index(0)
+        state.noise_scheduler = scheduler
+        state.step_index = 0
+        # The request's own generator: the same seed gives the same noise as the stock pipeline.
+        state.generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        state.extra = self._request_extra(state)
+        state.latents = self._initial_latents(state)
+
+    def _scheduler_template(self, params: GenerationParams):
+        return self._checkpoint_scheduler
+
+    def _set_timesteps(self, scheduler, params: GenerationParams) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _request_extra(self, state: RequestState) -> RequestExtra:
+        return RequestExtra()
+
+    def _initial_latents(self, state: RequestState) -> torch.Tensor:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def denoise_step(self, batch: Batch) -> list[torch.Tensor]:
+        return self._guided_forward(batch.states, self.denoiser)
+
+    def _guided_forward(self, states: Sequence[RequestState], denoiser: torch.nn.Module) -> list[torch.Tensor]:
+        """One forward of `denoiser` over the CFG layout of `states`; one guided prediction each."""
+        layout = CfgLayout.of(states)
+        return layout.combine(self._forward(denoiser, layout.rows), self._guide)
+
+    def _forward(self, denoiser: torch.nn.Module, rows: Sequence[Row]) -> torch.Tensor:
+        raise NotImplementedError
+
+    _guide = staticmethod(linear_guidance)
+
+    @torch.no_grad()
+    def step_scheduler(self, state: RequestState, prediction: torch.Tensor) -> None:
+        scheduler, latents = state.noise_scheduler, state.latents
+        accepts_eta, accepts_generator = _step_accepts(type(scheduler))
+        kwargs: dict[str, Any] = {}
+        if accepts_eta:
+            kwargs["eta"] = 0.0  # __call__'s default
+        if accepts_generator:  # stochastic schedulers draw from the request's own generator
+            kwargs["generator"] = state.generator
+        output = scheduler.step(prediction, state.current_timestep, latents, **kwargs)
+        if state.params.preview_every:
+            state.extra.predicted_x0 = self._predicted_x0(state, latents, prediction, output)
+        state.latents = output.prev_sample
+        state.step_index += 1
+
+    def _predicted_x0(self, state: RequestState, latents, prediction, output) -> torch.Tensor | None:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def decode(self, state: RequestState, output_type: str = "pil"):
+        """The stock pipeline's VAE decode and postprocess of the request's latents: "pil", "np" or "pt"."""
+        image = self.vae.decode(self._vae_latents(state), return_dict=False)[0]
+        return self.pipe.image_processor.postprocess(self._decoded(image), output_type=output_type)
+
+    def post_decode(self, state: RequestState) -> "list[Image.Image]":
+        return self.decode(state, output_type="pil")
+
+    def _vae_latents(self, state: RequestState) -> torch.Tensor:
+        """The request's final latents as the VAE takes them (un-normalized, unpacked)."""
+        raise NotImplementedError
+
+    def _decoded(self, image: torch.Tensor) -> torch.Tensor:
+        return image
+
+    @torch.no_grad()
+    def preview(self, state: RequestState) -> "Image.Image | list[Image.Image] | None":
+        x0 = state.extra.predicted_x0 if state.extra is not None else None
+        return None if x0 is None else self._render_preview(x0, state.params)
+
+    def _render_preview(self, x0: torch.Tensor, params: GenerationParams) -> "Image.Image | list[Image.Image]":
+        return self.preview_projection.render(x0[0])
