@@ -3,6 +3,10 @@
     python app.py                      # the built-in shapes model on http://127.0.0.1:7860
     python app.py --model toy          # a weightless test model (no checkpoint needed)
     python app.py --help
+
+Exit status: 0 after SIGTERM or Ctrl-C (every in-flight request is answered first), 1 when
+the engine thread crashed (every request got the error, then the server stopped), 2 for bad
+options, a busy port or a model that can't be loaded.
 """
 
 from __future__ import annotations
@@ -12,9 +16,34 @@ import logging
 import secrets
 import sys
 
-from studio.config import MODES, StudioOptions, parse_auth
+from studio.config import MODES, StudioOptions, parse_api_key, parse_auth, read_api_keys_file
 
 log = logging.getLogger("stepstudio")
+
+MAX_LOG_MESSAGE_CHARS = 2000  # one log line per event, never a whole 88 KB prompt
+
+
+def _short_records(make_record):
+    """A log record factory that cuts every message to one line's worth: libraries that log a
+    whole input (a tokenizer's "this part was truncated: ...") must not write 88 KB lines."""
+
+    def factory(*args, **kwargs) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string is the logging module's to report
+            return record
+        if len(message) > MAX_LOG_MESSAGE_CHARS:
+            cut = len(message) - MAX_LOG_MESSAGE_CHARS
+            record.msg, record.args = f"{message[:MAX_LOG_MESSAGE_CHARS]}... [{cut} more characters]", None
+        return record
+
+    return factory
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.setLogRecordFactory(_short_records(logging.getLogRecordFactory()))
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -51,14 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--mode", default=defaults.mode, choices=MODES,
                         help="'step': requests join a running batch at the next denoise step; "
                              "'request': a batch runs to the end before others start")
-    engine.add_argument("--max-batch", type=int, default=defaults.max_batch, help="most requests in one model forward")
+    engine.add_argument("--max-batch", "--max-batch-requests", dest="max_batch", type=int, default=defaults.max_batch,
+                        help="most requests in one model forward (a request with true CFG puts 2 rows in it)")
     engine.add_argument("--preview-every", type=int, default=defaults.preview_every,
                         help="send a live preview every K denoise steps (0 = no previews)")
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-steps", type=int, default=defaults.max_steps, help="largest allowed number of steps")
-    limits.add_argument("--max-size", type=int, default=defaults.max_size, help="largest allowed width or height (px)")
+    limits.add_argument("--max-size", type=int, default=defaults.max_size,
+                        help="largest allowed width or height in px (default: the model's own size, e.g. 64 for "
+                             "the built-in model)")
     limits.add_argument("--max-per-session", type=int, default=defaults.max_per_session,
                         help="most requests one browser tab or client may have queued or running")
+    limits.add_argument("--max-session-cost", type=float, default=defaults.max_session_cost, metavar="N",
+                        help="most in-flight cost one tab or client may hold, in default requests of the model "
+                             "(cost = rows x latent tokens x steps); one request alone is always taken")
     limits.add_argument("--max-branches", type=int, default=defaults.max_branches,
                         help="most engine requests one workflow run may make (its fan-outs multiplied)")
     server = parser.add_argument_group("server")
@@ -67,7 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--share", action="store_true",
                         help="also open a public *.gradio.live link (downloads Gradio's tunnel client)")
     server.add_argument("--auth", default=None, metavar="USER:PASS",
-                        help="require this login for the web UI and the Gradio API")
+                        help="require this login for the web UI and the Gradio API (PASS is also the HTTP API "
+                             "key named USER)")
+    server.add_argument("--api-key", action="append", default=None, metavar="NAME:KEY",
+                        help="an HTTP API key of its own for caller NAME (repeat for more callers); with keys, "
+                             "the HTTP API wants one and each key is its own session")
+    server.add_argument("--api-keys-file", default=None, metavar="PATH",
+                        help="a file of NAME:KEY lines, as --api-key (keeps keys out of the process list)")
     server.add_argument("--show-prompts", action="store_true",
                         help="show every session's prompt in the queue view (default: only your own)")
     return parser
@@ -78,8 +119,10 @@ def config_from_args(args: argparse.Namespace) -> StudioOptions:
         model=args.model, mode=args.mode, max_batch=args.max_batch, host=args.host, port=args.port,
         share=args.share, auth=parse_auth(args.auth), preview_every=args.preview_every, max_steps=args.max_steps,
         max_size=args.max_size, max_per_session=args.max_per_session, max_branches=args.max_branches,
-        show_prompts=args.show_prompts,
+        show_prompts=args.show_prompts, max_session_cost=args.max_session_cost,
         device=args.device, dtype=args.dtype, compile=args.compile, prompt_cache=args.prompt_cache,
+        api_keys=tuple([parse_api_key(text) for text in args.api_key or []]
+                       + (read_api_keys_file(args.api_keys_file) if args.api_keys_file else [])),
     )
 
 
@@ -106,20 +149,44 @@ def open_share_link(host: str, port: int) -> str:
     return networking.setup_tunnel(local_host, port, secrets.token_urlsafe(32), None, None)
 
 
+def share_or_warn(host: str, port: int) -> str | None:
+    """The public link, or None and a warning when it can't be made (no internet, say): the
+    local server keeps serving either way."""
+    try:
+        link = open_share_link(host, port)
+    except Exception as error:  # noqa: BLE001 - whatever the tunnel's failure, the studio stays up
+        log.warning("no public link (%s: %s); still serving locally", type(error).__name__, error)
+        return None
+    log.info("public link: %s", link)
+    return link
+
+
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
+    except (ValueError, OSError) as exc:
+        parser.error(str(exc))
+
+    from studio.server import StudioServer, bind_socket
+
+    try:  # before the model loads: a busy port is an error now, not after minutes of loading
+        sock = bind_socket(config.host, config.port)
+    except OSError as exc:
+        parser.error(f"can't listen on {config.host}:{config.port}: {exc.strerror or exc} "
+                     "(is another server using it? pick another --port)")
+    try:
         pipeline = load_model(config)
     except ValueError as exc:
+        sock.close()
         parser.error(str(exc))
 
     from engine import Engine
-    from studio.server import StudioServer, build_app
+    from studio.server import build_app
 
-    engine = Engine(pipeline, mode=config.mode, max_batch=config.max_batch, limits=config.limits).start()
+    engine = Engine(pipeline, mode=config.mode, max_batch_requests=config.max_batch, limits=config.limits).start()
     if config.compile:
         from engine.warmup import warm_up
 
@@ -127,12 +194,12 @@ def main(argv: list[str] | None = None) -> int:
         seconds = warm_up(engine, [(defaults.width, defaults.height)])
         log.info("compiled and warmed up at %dx%d in %.1f s", defaults.width, defaults.height, seconds[0])
     try:
-        server = StudioServer(build_app(engine, config), config.host, config.port)
-        log.info("model %s, %s mode, max batch %d, serving on %s",
-                 engine.info.name, config.mode, config.max_batch, server.url)
+        server = StudioServer(build_app(engine, config), config.host, sock=sock)
+        log.info("model %s, %s mode, up to %d requests per forward, max size %d px, serving on %s",
+                 engine.info.name, config.mode, config.max_batch, engine.limits.max_size, server.url)
         if config.share:
             server.start()
-            log.info("public link: %s", open_share_link(config.host, server.port))
+            share_or_warn(config.host, server.port)
             server.wait()
         else:
             server.run()
@@ -140,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         log.info("stopping: interrupted")
     finally:
         engine.close()
+    if engine.failure is not None:
+        log.critical("exiting with status 1: %s", engine.failure)
+        return 1
+    log.info("stopped")
     return 0
 
 

@@ -129,6 +129,11 @@ class Engine:
         return self._thread is not None and self._thread.is_alive() and self._failure is None
 
     @property
+    def accepting(self) -> bool:
+        """Whether `submit` takes new requests (False once shut down or crashed)."""
+        return not self._closed
+
+    @property
     def failure(self) -> str | None:
         """Why the engine thread crashed, or None (it runs, or it was closed normally)."""
         return self._failure

@@ -1,55 +1,86 @@
 """The studio's web server: one FastAPI app with the HTTP API routes and Gradio mounted at "/".
 
     app = build_app(engine, config)          # FastAPI: /v1/..., /healthz, /metrics, Gradio at /
-    StudioServer(app, host, port).run()      # blocking (the CLI)
+    StudioServer(app, host, port).run()      # blocking (the CLI); SIGTERM / Ctrl-C stop it gracefully
     server = StudioServer(app, "127.0.0.1", 0).start()   # background thread (tests); .url, .stop()
 
 The HTTP API router is included before Gradio is mounted, since a mount at "/" matches
 every path.
+
+Stopping (SIGTERM, Ctrl-C, `stop()`) goes in this order: the engine stops admitting and aborts
+every request at its next step boundary, so every waiting caller is answered (503
+`shutting_down` over HTTP, a gr.Error in the page); once those answers have left, Gradio's
+streams close and uvicorn ends, giving what is left `shutdown_timeout_s`. The process exits 0.
+When the engine thread itself stops (a crash), the server stops the same way.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
+import signal
 import socket
 import threading
 import time
 
 import fastapi
 import gradio as gr
+import h11
 import uvicorn
+from starlette.routing import Mount
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from engine import Engine
 from studio.config import StudioOptions
+from studio.guards import StudioGuards
 from studio.http_api import HttpApiConfig, build_router
+from studio.throttle import FailedAttempts
 from studio.ui import STUDIO_CSS, build_ui
 
 log = logging.getLogger(__name__)
 
 # Gradio runs at most this many events at once (its default of 40 would cap concurrent sessions).
 MAX_GRADIO_THREADS = 256
+# How often Gradio looks for temp files older than the configured age.
+TEMP_FILE_SWEEP_S = 300
+
+
+def for_engine(config: StudioOptions, engine: Engine) -> StudioOptions:
+    """The options with the limits the engine really applies (a max size of None becomes the
+    model's own), so the page's sliders offer what the engine accepts."""
+    return dataclasses.replace(config, max_size=engine.limits.max_size)
 
 
 def build_demo(engine: Engine, config: StudioOptions) -> gr.Blocks:
     """The Blocks with its queue set so Gradio never serialises sessions (the engine batches)."""
+    config = for_engine(config, engine)
     demo = build_ui(engine, config)
     demo.max_threads = MAX_GRADIO_THREADS  # must precede queue() when mounting
+    # Previews and results Gradio wrote to its temp folder go after temp_file_ttl_s (and all at exit).
+    demo.delete_cache = (min(TEMP_FILE_SWEEP_S, config.temp_file_ttl_s), config.temp_file_ttl_s)
     demo.queue(default_concurrency_limit=None)
     return demo
 
 
 def http_api_config(config: StudioOptions) -> HttpApiConfig:
-    """With --auth USER:PASS, the HTTP API wants PASS as its bearer token (the OpenAI client's
-    api_key), so the studio's login guards both doors."""
-    return HttpApiConfig(api_keys=frozenset({config.auth[1]}) if config.auth else frozenset())
+    """Per-user keys from --api-key; with --auth USER:PASS, PASS is also USER's key, so the
+    studio's login guards both doors."""
+    return HttpApiConfig(api_keys=config.http_api_keys, body_timeout_s=config.request_timeout_s)
 
 
 def build_app(engine: Engine, config: StudioOptions) -> fastapi.FastAPI:
-    app = fastapi.FastAPI(title="stepstudio", docs_url=None, redoc_url=None, openapi_url="/v1/openapi.json")
-    app.include_router(build_router(engine, http_api_config(config)))
+    config = for_engine(config, engine)
+    api_config = http_api_config(config)
+    attempts = FailedAttempts(delay_s=api_config.failed_key_delay_s, max_failures=api_config.max_failed_keys)
+    # The OpenAPI document is served by the router (behind the API keys when there are some).
+    app = fastapi.FastAPI(title="stepstudio", docs_url=None, redoc_url=None, openapi_url=None)
+    app.include_router(build_router(engine, api_config, attempts))
     demo = build_demo(engine, config)
     app.state.demo = demo
-    return gr.mount_gradio_app(
+    app.state.engine = engine
+    app.state.options = config
+    app = gr.mount_gradio_app(
         app,
         demo,
         path="/",
@@ -58,7 +89,13 @@ def build_app(engine: Engine, config: StudioOptions) -> fastapi.FastAPI:
         server_name=config.host,
         server_port=config.port,
         footer_links=["api", "gradio"],
+        show_error=False,  # a gr.Error's message is shown; an unexpected exception's text is not
     )
+    app.add_middleware(StudioGuards, attempts=attempts)
+    app.state.attempts = attempts
+    # The Gradio app that really serves the page (demo.app is another one, made by queue()).
+    app.state.gradio_app = next(route.app for route in app.routes if isinstance(route, Mount) and route.path == "")
+    return app
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -67,28 +104,144 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (0 = any free port). OSError when the port is taken:
+    the CLI binds before it loads the model, so a busy port is known at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # An explicit IPPROTO_TCP makes asyncio set TCP_NODELAY on accepted connections.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+class _TimedH11Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, plus a deadline for receiving each request: a client that
+    sends half its headers (or half its body) and stalls is answered 408 and disconnected
+    instead of holding a connection forever."""
+
+    request_timeout_s = 30.0
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._deadline = None
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.ERROR):
+            self._disarm()  # the whole request is in: the handler may take as long as it needs
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm()  # the next request on this kept-alive connection
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(self.request_timeout_s, self._timed_out)
+
+    def _disarm(self) -> None:
+        if getattr(self, "_deadline", None) is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _timed_out(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is None or self.cycle.response_complete:  # no request under way: say why we hang up
+            self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        self.transport.close()
+
+
+def _timed_protocol(timeout_s: float) -> type[_TimedH11Protocol]:
+    return type("TimedH11Protocol", (_TimedH11Protocol,), {"request_timeout_s": timeout_s})
+
+
+class _GracefulServer(uvicorn.Server):
+    """uvicorn whose first SIGTERM / Ctrl-C runs `on_first_signal` (which ends the server
+    when it is done) instead of stopping at once; a second Ctrl-C forces the exit."""
+
+    def __init__(self, config: uvicorn.Config, on_first_signal) -> None:
+        super().__init__(config)
+        self._on_first_signal = on_first_signal
+        self.signalled = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets=None) -> None:
+        self.loop = asyncio.get_running_loop()  # Gradio's asyncio objects must be touched on it
+        await super().startup(sockets=sockets)
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if self.signalled or self.should_exit:
+            super().handle_exit(sig, frame)
+            return
+        self.signalled = True
+        log.info("stopping: %s", signal.Signals(sig).name)
+        self._on_first_signal()
+
+
 class StudioServer:
     """uvicorn serving the studio app, in the foreground or on a background thread."""
 
-    def __init__(self, app: fastapi.FastAPI, host: str = "127.0.0.1", port: int = 7860) -> None:
+    def __init__(
+        self,
+        app: fastapi.FastAPI,
+        host: str = "127.0.0.1",
+        port: int = 7860,
+        *,
+        sock: socket.socket | None = None,
+        stop_with_engine: bool = True,
+    ) -> None:
+        self._socket = sock or bind_socket(host, port)
         self.host = host
-        self.port = port or free_port(host)
+        self.port = self._socket.getsockname()[1]
         self._demo: gr.Blocks | None = getattr(app.state, "demo", None)
-        self._server = uvicorn.Server(
-            uvicorn.Config(app, host=host, port=self.port, log_level="warning", timeout_graceful_shutdown=1)
+        self._gradio_app = getattr(app.state, "gradio_app", None)
+        self._engine: Engine | None = getattr(app.state, "engine", None)
+        options: StudioOptions = getattr(app.state, "options", None) or StudioOptions()
+        self.shutdown_timeout_s = options.shutdown_timeout_s
+        config = uvicorn.Config(
+            app, log_level="warning", http=_timed_protocol(options.request_timeout_s),
+            timeout_graceful_shutdown=max(1, round(options.shutdown_timeout_s)),
         )
+        self._server = _GracefulServer(config, on_first_signal=self._begin_stop)
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Lock()
+        self._stop_thread: threading.Thread | None = None
+        if stop_with_engine and self._engine is not None:
+            threading.Thread(target=self._stop_when_engine_stops, name="stepstudio-engine-watch", daemon=True).start()
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/"
 
     def run(self) -> None:
-        """Serve until interrupted (Ctrl-C / SIGTERM)."""
-        self._server.run()
+        """Serve until SIGTERM / Ctrl-C (or the engine stops), then stop gracefully."""
+        # uvicorn raises the signal it caught again once it is done; this handler takes it, so a
+        # graceful stop exits with status 0 instead of dying by the signal.
+        previous = signal.signal(signal.SIGTERM, lambda *_: None)
+        try:
+            self._server.run(sockets=[self._socket])
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            self._finish_stop()
 
     def start(self, timeout_s: float = 30.0) -> "StudioServer":
-        self._thread = threading.Thread(target=self._server.run, name="stepstudio-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, name="stepstudio-http", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self._server.started:
@@ -98,16 +251,79 @@ class StudioServer:
         return self
 
     def wait(self) -> None:
-        """Block until the background server ends; Ctrl-C stops it."""
+        """Block until the background server ends; SIGTERM and Ctrl-C stop it gracefully."""
+        handlers = {sig: signal.signal(sig, lambda *_: self._begin_stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             while self._thread is not None and self._thread.is_alive():
                 self._thread.join(0.5)
-        except KeyboardInterrupt:
-            self.stop()
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+            self._finish_stop()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self._demo is not None:
-            self._demo.close(verbose=False)  # ends Gradio's queue and heartbeat streams first
-        self._server.should_exit = True
+        """Stop gracefully (as on SIGTERM) and wait for the server thread."""
+        self._begin_stop()
+        self._finish_stop(timeout_s)
         if self._thread is not None:
             self._thread.join(timeout_s)
+
+    # ------------------------------------------------------------------ stopping
+    def _begin_stop(self) -> None:
+        """Non-blocking: the stop runs on its own thread (this may be a signal handler)."""
+        with self._stopping:
+            if self._stop_thread is None:
+                self._stop_thread = threading.Thread(target=self._stop_in_order, name="stepstudio-stop", daemon=True)
+                self._stop_thread.start()
+
+    def _finish_stop(self, timeout_s: float | None = None) -> None:
+        if self._stop_thread is not None:
+            self._stop_thread.join(self.shutdown_timeout_s + 5 if timeout_s is None else timeout_s)
+
+    def _stop_in_order(self) -> None:
+        deadline = time.monotonic() + self.shutdown_timeout_s
+        if self._engine is not None:
+            self._engine.shutdown()  # no new requests; every running one ends at its next step boundary
+            if not self._engine.wait_stopped(timeout=max(0.1, deadline - time.monotonic())):
+                log.warning("the engine did not stop within %.1f s", self.shutdown_timeout_s)
+        self._wait_for_gradio_answers(deadline)
+        self._close_demo()
+        self._server.should_exit = True
+
+    def _close_demo(self) -> None:
+        """End Gradio's queue, heartbeat and event streams, on the server's loop (Gradio's stop
+        event is an asyncio.Event: set from another thread, it would wake nobody)."""
+        loop = self._server.loop
+        if self._demo is None or loop is None or loop.is_closed():
+            return
+
+        async def close() -> None:
+            self._demo.close(verbose=False)
+            if self._gradio_app is not None:
+                self._gradio_app.stop_event.set()  # ends the heartbeat streams of open pages
+
+        try:
+            asyncio.run_coroutine_threadsafe(close(), loop).result(timeout=5)
+        except Exception:  # noqa: BLE001 - the loop may be ending already; uvicorn's own timeout remains
+            log.warning("Gradio's streams could not be closed before the server stops", exc_info=True)
+
+    def _wait_for_gradio_answers(self, deadline: float) -> None:
+        """Until Gradio has sent every finished event's last message (or the deadline): closing its
+        queue earlier would replace those answers with "Server stopped unexpectedly"."""
+        queue = getattr(self._demo, "_queue", None)
+        while queue is not None and time.monotonic() < deadline:
+            pending_events = getattr(queue, "pending_event_ids_session", {})
+            pending_messages = getattr(queue, "pending_messages_per_session", {})
+            try:
+                busy = any(pending_events.values()) or any(q.qsize() for q in list(pending_messages.values()))
+            except (AttributeError, RuntimeError):  # Gradio changed: fall back to the deadline's grace
+                busy = True
+            if not busy:
+                return
+            time.sleep(0.02)
+
+    def _stop_when_engine_stops(self) -> None:
+        self._engine.wait_stopped()
+        if self._engine.failure is not None:
+            log.critical("stopping the server: %s", self._engine.failure)
+        self._begin_stop()

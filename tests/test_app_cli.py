@@ -3,16 +3,13 @@
 import pytest
 
 import app
+from engine import Engine, GenerationParams
 from studio.config import StudioOptions
+from studio.server import for_engine, http_api_config
 
 
 def options(*argv: str) -> StudioOptions:
     return app.config_from_args(app.build_parser().parse_args(list(argv)))
-
-
-def test_defaults_serve_the_builtin_model_in_step_mode_with_a_prompt_cache():
-    config = options()
-    assert (config.model, config.mode, config.max_batch, config.prompt_cache) == ("builtin", "step", 8, 32)
 
 
 def test_prompt_cache_size_reaches_the_loaded_pipeline():
@@ -25,3 +22,35 @@ def test_prompt_cache_size_reaches_the_loaded_pipeline():
 def test_a_negative_prompt_cache_size_is_a_clear_error():
     with pytest.raises(ValueError, match="prompt_cache must be an integer >= 0"):
         options("--prompt-cache", "-2")
+
+
+def test_max_batch_requests_is_the_same_option_as_max_batch():
+    assert options("--max-batch-requests", "3").max_batch == 3
+
+
+def test_the_default_max_size_is_the_loaded_models_size():
+    config = options("--model", "toy")
+    engine = Engine(app.load_model(config), limits=config.limits)
+    assert (config.max_size, engine.limits.max_size, for_engine(config, engine).max_size) == (None, 64, 64)
+    with pytest.raises(ValueError, match="width=128 is above this server's limit of 64 pixels"):
+        engine.prepare_params(GenerationParams(prompt="x", width=128, height=128))
+    assert Engine(app.load_model(config), limits=options("--max-size", "256").limits).limits.max_size == 256
+
+
+def test_api_keys_come_from_the_options_a_file_and_auth(tmp_path):
+    keys_file = tmp_path / "keys"
+    keys_file.write_text("# callers\ncarol:sk-carol\n\n")
+    config = options("--api-key", "alice:sk-alice", "--api-key", "bob:sk:with:colons",
+                     "--api-keys-file", str(keys_file), "--auth", "me:secret")
+    assert dict(http_api_config(config).api_keys) == {
+        "alice": "sk-alice", "bob": "sk:with:colons", "carol": "sk-carol", "me": "secret",
+    }
+    assert dict(http_api_config(options()).api_keys) == {}  # no keys: the HTTP API is open
+
+
+def test_a_bad_api_key_option_never_echoes_the_key():
+    with pytest.raises(ValueError, match="api_key must be NAME:KEY") as bad:
+        options("--api-key", "no-colon-sk-secret")
+    assert "sk-secret" not in str(bad.value)
+    with pytest.raises(ValueError, match="two API keys share a name"):
+        options("--api-key", "a:k1", "--api-key", "a:k2")

@@ -1,0 +1,152 @@
+"""`python app.py` as a process: SIGTERM answers everyone and exits 0, an engine crash exits 1,
+a busy port is refused before the model loads, and a share link that can't be made is only a
+warning. The model is the toy one, slowed down so requests are in flight when it matters."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+from tests.test_http_api import assert_openai_error, wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# app.main with the toy model (slowed down) and, on request, a tunnel that can't be opened.
+_LAUNCH = """
+import sys
+import app
+from pipelines.toy import ToyPipeline
+
+step_delay_s = float(sys.argv[1])
+
+def load_model(config):
+    print("LOADING THE MODEL", flush=True)
+    return ToyPipeline(step_delay_s=step_delay_s)
+
+def no_tunnel(host, port):
+    raise OSError("no route to the share server (no internet here)")
+
+app.load_model = load_model
+app.open_share_link = no_tunnel
+raise SystemExit(app.main(sys.argv[2:]))
+"""
+
+
+class AppProcess:
+    def __init__(self, *args: str, step_delay_s: float = 0.05) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _LAUNCH, str(step_delay_s), "--model", "toy", "--preview-every", "0", *args],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def url(self, timeout_s: float = 60) -> str:
+        wait_until(lambda: "serving on" in self.output or self.process.poll() is not None, timeout=timeout_s,
+                   what="the studio to start")
+        match = re.search(r"serving on (http://\S+/)", self.output)
+        assert match, self.output
+        return match.group(1)
+
+    def wait(self, timeout_s: float = 30) -> int:
+        code = self.process.wait(timeout_s)
+        self._reader.join(5)
+        return code
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+
+@contextlib.contextmanager
+def app_process(*args: str, **kwargs):
+    process = AppProcess(*args, **kwargs)
+    try:
+        yield process
+    finally:
+        process.kill()
+
+
+def test_sigterm_answers_every_caller_and_exits_0_within_seconds():
+    with app_process("--port", "0") as studio:
+        url = studio.url()
+        answers = []
+        http_call = threading.Thread(target=lambda: answers.append(httpx.post(
+            url + "v1/images/generations", json={"prompt": "an http caller", "num_inference_steps": 100},
+            timeout=30)))
+        http_call.start()
+        job = Client(url, verbose=False).submit(prompt="a page", negative_prompt="", width=64, height=64, steps=100,
+                                                guidance_scale=1.0, seed=1, api_name="/generate")
+        wait_until(lambda: httpx.get(url + "healthz").json()["running"] == 2, what="both requests to run")
+
+        started = time.monotonic()
+        studio.process.send_signal(signal.SIGTERM)
+        code = studio.wait()
+        took = time.monotonic() - started
+        http_call.join(10)
+        assert code == 0, studio.output
+        assert took < 5, f"the studio took {took:.1f} s to stop"
+        assert_openai_error(answers[0], 503, code="shutting_down")
+        with pytest.raises(AppError, match="The server is shutting down"):
+            job.result(timeout=10)
+        assert "Traceback" not in studio.output
+        assert "stopping: SIGTERM" in studio.output
+
+
+def test_an_engine_crash_fails_its_callers_and_exits_1():
+    with app_process("--port", "0", step_delay_s=0.0) as studio:
+        url = studio.url()
+        crashed = httpx.post(url + "v1/images/generations", json={"prompt": "[crash] now"}, timeout=30)
+        assert_openai_error(crashed, 503, code="engine_failed")
+        assert studio.wait() == 1, studio.output
+        assert "exiting with status 1: the engine stopped after an internal error (EngineCrash" in studio.output
+
+
+def test_a_busy_port_is_refused_before_the_model_loads():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with app_process("--port", str(port)) as studio:
+            assert studio.wait() == 2
+    assert f"can't listen on 127.0.0.1:{port}" in studio.output
+    assert "LOADING THE MODEL" not in studio.output and "serving on" not in studio.output
+
+
+def test_share_without_internet_warns_and_keeps_serving():
+    with app_process("--port", "0", "--share") as studio:
+        url = studio.url()
+        wait_until(lambda: "no public link" in studio.output, what="the warning")
+        assert httpx.get(url + "healthz").status_code == 200
+        assert "no route to the share server" in studio.output
+        studio.process.send_signal(signal.SIGTERM)
+        assert studio.wait() == 0, studio.output
+
+
+def test_a_whole_prompt_is_never_logged_in_one_line():
+    code = "import app, logging\napp.configure_logging()\nlogging.getLogger('tokenizer').warning('truncated: ' + 'x' * 88_000)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    (line,) = done.stderr.splitlines()
+    assert len(line) < 2100 and line.endswith("... [86011 more characters]")
