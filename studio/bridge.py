@@ -24,7 +24,9 @@ import html
 import math
 import secrets
 import tempfile
+import time
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import AsyncIterator, Iterator
 
 import gradio as gr
@@ -250,13 +252,20 @@ def preview_image(image: Image.Image, max_px: int) -> Image.Image:
     return scaled
 
 
+VIDEO_DIR = Path(tempfile.gettempdir()) / "stepstudio-videos"
+VIDEO_FILE_TTL_S = 600  # Gradio copies a returned file into its own cache; ours can go soon after
+
+
 def frames_to_video(frames: tuple[Image.Image, ...], fps: int = 16) -> str:
-    """Write frames to an mp4 file and return its path (Gradio serves it from the temp dir)."""
+    """Write frames to an mp4 file and return its path. Gradio copies it into its cache (and
+    cleans that); the files here older than VIDEO_FILE_TTL_S go whenever a new one is written."""
     import imageio_ffmpeg
     import numpy as np
 
+    VIDEO_DIR.mkdir(exist_ok=True)
+    remove_files_older_than(VIDEO_DIR, VIDEO_FILE_TTL_S)
     first = frames[0].convert("RGB")
-    handle = tempfile.NamedTemporaryFile(prefix="stepstudio-", suffix=".mp4", delete=False)
+    handle = tempfile.NamedTemporaryFile(prefix="stepstudio-", suffix=".mp4", delete=False, dir=VIDEO_DIR)
     handle.close()
     writer = imageio_ffmpeg.write_frames(handle.name, first.size, fps=fps, macro_block_size=1, quality=7)
     writer.send(None)
@@ -264,6 +273,18 @@ def frames_to_video(frames: tuple[Image.Image, ...], fps: int = 16) -> str:
         writer.send(np.ascontiguousarray(np.asarray(frame.convert("RGB"))))
     writer.close()
     return handle.name
+
+
+def remove_files_older_than(folder: Path, age_s: float) -> int:
+    """Delete the files in `folder` last modified more than `age_s` ago; returns how many."""
+    cutoff = time.time() - age_s
+    removed = 0
+    for path in folder.iterdir():
+        with contextlib.suppress(OSError):  # another process may have removed it already
+            if path.is_file() and path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed += 1
+    return removed
 
 
 def final_media(completed: Completed, fps: int = 16) -> Image.Image | str:

@@ -77,7 +77,8 @@ def snapshot_as_dict(
         "requests": [request_as_dict(v, viewer_session, show_prompts, now) for v in snapshot.requests],
         "engine": {
             "mode": stats.mode,
-            "max_batch": stats.max_batch,
+            "max_batch_requests": stats.max_batch_requests,  # requests per forward (a CFG request has 2 rows)
+            "max_batch": stats.max_batch_requests,  # the old name
             "current_batch_size": stats.current_batch_size,
             "steps_per_s": round(stats.steps_per_s, 3),
             "forwards": stats.forwards,
@@ -128,7 +129,7 @@ def render_stats(snapshot: EngineSnapshot) -> str:
     finished = ", ".join(f"{name} {count}" for name, count in sorted(stats.finished.items())) or "none yet"
     items = (
         f"mode <b>{html.escape(stats.mode)}</b>",
-        f"batch now <b>{stats.current_batch_size}</b> / {stats.max_batch}",
+        f"batch now <b>{stats.current_batch_size}</b> / {stats.max_batch_requests} requests",
         f"<b>{stats.steps_per_s:.1f}</b> steps/s",
         f"waiting <b>{len(snapshot.waiting)}</b>, running <b>{len(snapshot.running)}</b>",
         f"finished: {html.escape(finished)}",

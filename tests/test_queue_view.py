@@ -3,35 +3,28 @@
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
-from engine import Engine, GenerationParams, Progress
+from engine import Engine, GenerationParams
 from pipelines.toy import ToyPipeline
 from studio.queue_view import HIDDEN_PROMPT, format_seconds, render_queue, short_id, snapshot_as_dict
-
-
-def wait_until(predicate, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
+from tests.engine_helpers import StepGate
 
 
 @pytest.fixture(scope="module")
 def live_snapshot():
-    """Session 'alice' running (one row per forward, max_batch=1), 'bob' waiting behind her."""
-    engine = Engine(ToyPipeline(step_delay_s=0.02), max_batch=1).start()
+    """Session 'alice' running (one request per forward), 'bob' waiting behind her: the
+    snapshot the engine published just before its third forward."""
+    gate = StepGate(2)
+    engine = Engine(ToyPipeline(on_forward=gate), max_batch_requests=1)
     alice = engine.submit(GenerationParams(prompt="alice's <b>red</b> circle", num_inference_steps=100), "alice")
     bob = engine.submit(GenerationParams(prompt="bob's secret square", num_inference_steps=5), "bob")
-    for event in alice.events(timeout=10):
-        if isinstance(event, Progress) and event.step >= 2:
-            break
-    wait_until(lambda: any(v.state == "waiting" for v in engine.snapshot().requests))
+    engine.start()
+    gate.wait()
     snapshot = engine.snapshot()
-    alice.cancel()
-    bob.cancel()
+    engine.shutdown()
+    gate.release()
     engine.close()
     return snapshot, alice.request_id, bob.request_id
 
@@ -51,9 +44,9 @@ def test_own_request_is_marked_you_and_other_prompts_are_hidden(live_snapshot):
 def test_progress_bar_and_step_count_follow_the_snapshot(live_snapshot):
     snapshot, alice_id, _ = live_snapshot
     alice = next(v for v in snapshot.requests if v.request_id == alice_id)
+    assert (alice.step, alice.total) == (2, 100)
     page = render_queue(snapshot, viewer_session="alice")
-    width = round(100 * alice.step / alice.total)
-    assert f'<span style="width:{width}%"></span></span>{alice.step}/100' in page
+    assert '<span style="width:2%"></span></span>2/100' in page
 
 
 def test_show_prompts_reveals_every_prompt(live_snapshot):
@@ -65,7 +58,7 @@ def test_show_prompts_reveals_every_prompt(live_snapshot):
 def test_engine_figures_are_shown(live_snapshot):
     snapshot, _, _ = live_snapshot
     page = render_queue(snapshot, viewer_session=None)
-    assert "mode <b>step</b>" in page and "batch now <b>1</b> / 1" in page
+    assert "mode <b>step</b>" in page and "batch now <b>1</b> / 1 requests" in page
     assert "waiting <b>1</b>, running <b>1</b>" in page
     assert "<td>you</td>" not in page  # a viewer with no requests owns none
 
@@ -78,7 +71,7 @@ def test_json_view_has_no_session_ids_and_short_ids_for_others(live_snapshot):
     by_id = {r["request_id"]: r for r in data["requests"]}
     assert by_id[bob_id]["mine"] and by_id[bob_id]["prompt"] == "bob's secret square"
     assert by_id[short_id(alice_id)]["prompt"] == HIDDEN_PROMPT and not by_id[short_id(alice_id)]["mine"]
-    assert data["engine"]["mode"] == "step" and data["engine"]["max_batch"] == 1
+    assert (data["engine"]["mode"], data["engine"]["max_batch_requests"], data["engine"]["max_batch"]) == ("step", 1, 1)
 
 
 def test_empty_queue_says_so():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 import time
 
@@ -159,3 +160,30 @@ def test_gradio_temp_files_are_deleted_when_the_studio_stops():
         assert files and all(os.path.exists(path) for path in files)
         assert demo.delete_cache == (300, 3600)
     assert not any(os.path.exists(path) for path in files)
+
+
+def test_half_sent_headers_are_answered_408_and_disconnected():
+    with studio(request_timeout_s=0.3) as (server, _, _):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # and then nothing
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408 Request Timeout")
+        # A whole request on a fresh connection is served as usual.
+        assert httpx.get(server.url + "healthz").status_code == 200
+
+
+def test_video_files_written_for_gradio_do_not_pile_up(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from studio import bridge
+
+    monkeypatch.setattr(bridge, "VIDEO_DIR", tmp_path)
+    old = tmp_path / "stepstudio-old.mp4"
+    old.write_bytes(b"an hour-old video")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    frames = tuple(Image.new("RGB", (16, 16), (i * 40, 0, 0)) for i in range(5))
+    path = bridge.frames_to_video(frames, fps=4)
+    assert not old.exists()
+    assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(path)] and os.path.getsize(path) > 0
