@@ -14,6 +14,7 @@ Deterministic image analysis, no learned model. Per clip:
 CLI (runs the stock diffusers WanPipeline with the model's serving defaults):
 
     python -m tools.evaluate_video --model assets/shapes-wan --split held-out --repeats 2
+    python -m tools.evaluate_video --model assets/shapes-wan --repeats 0 --contact-sheet assets/shapes-wan/contact_sheet.png
 """
 
 from __future__ import annotations
@@ -164,6 +165,7 @@ def load_pipeline(model_dir: Path):
         transformer = WanTransformer3DModel.from_config(WanTransformer3DModel.load_config(folder))
         transformer.load_state_dict(load_file(folder / "diffusion_pytorch_model.safetensors"), strict=True)
         extra["transformer"] = transformer.eval()
+        extra["low_cpu_mem_usage"] = False  # what diffusers falls back to anyway, without its warning
     pipe = WanPipeline.from_pretrained(model_dir, use_safetensors=True, **extra)
     pipe.set_progress_bar_config(disable=True)
     return pipe
@@ -193,6 +195,30 @@ def generate(pipe, prompts: list[str], defaults: dict, steps: int, guidance_scal
     return clips
 
 
+def contact_sheet(prompts: list[str], clips: list, frames: tuple[int, ...] = (0, 4, 8)) -> Image.Image:
+    """One row per clip: its first, middle and last frames (shown 2x, nearest-neighbour), then the
+    prompt and the evaluator's verdict."""
+    from PIL import ImageDraw, ImageFont
+
+    tile, text_width, row_height = 2 * FRAME_SIZE, 300, 2 * FRAME_SIZE + 8
+    sheet = Image.new("RGB", (len(frames) * (tile + 4) + text_width, len(clips) * row_height), "white")
+    draw = ImageDraw.Draw(sheet)
+    font = ImageFont.load_default()
+    for row, (prompt, clip) in enumerate(zip(prompts, clips)):
+        arrays = as_frame_arrays(clip)
+        y = row * row_height + 4
+        for column, index in enumerate(frames):
+            image = Image.fromarray(arrays[index].round().clip(0, 255).astype(np.uint8))
+            sheet.paste(image.resize((tile, tile), Image.Resampling.NEAREST), (column * (tile + 4), y))
+        verdict = score_video(parse_caption(prompt), clip)
+        misses = [attribute for attribute, correct in verdict.items() if not correct]
+        x = len(frames) * (tile + 4) + 6
+        draw.text((x, y + 40), prompt, fill="black", font=font)
+        draw.text((x, y + 58), ("wrong: " + ", ".join(misses)) if misses else "all attributes right",
+                  fill="firebrick" if misses else "darkgreen", font=font)
+    return sheet
+
+
 def evaluation_prompts(split: str, repeats: int) -> list[str]:
     specs = held_out_specs() if split == "held-out" else training_specs()[::13]
     return [caption(spec) for spec in specs] * repeats
@@ -209,6 +235,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1234, help="noise seed")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--contact-sheet", type=Path, default=None,
+                        help="also write first/middle/last frames of the model's example prompts here")
     args = parser.parse_args()
 
     import torch
@@ -223,13 +251,18 @@ def main() -> None:
           f"{defaults['num_frames']}x{defaults['height']}x{defaults['width']}, seed {args.seed}\n")
     print("| guidance | " + " | ".join(ATTRIBUTES) + " | s/clip |")
     print("|---|" + "---|" * (len(ATTRIBUTES) + 1))
-    for scale in scales:
+    for scale in scales if prompts else []:  # --repeats 0: only the contact sheet
         started = time.perf_counter()
         clips = generate(pipe, prompts, defaults, steps, scale, args.seed, args.batch)
         per_clip = (time.perf_counter() - started) / len(prompts)
         scores = evaluate_videos(list(zip(prompts, clips)))
         cells = " | ".join(f"{scores[a]:.2f}" for a in ATTRIBUTES)
         print(f"| {scale:g} | {cells} | {per_clip:.3f} |", flush=True)
+    if args.contact_sheet:
+        examples = defaults["example_prompts"]
+        clips = generate(pipe, examples, defaults, steps, scales[0], args.seed, args.batch)
+        contact_sheet(examples, clips).save(args.contact_sheet)
+        print(f"\nwrote {args.contact_sheet}")
 
 
 if __name__ == "__main__":
