@@ -71,6 +71,7 @@ class StudioOptions:
     # the key named USER.
     api_keys: tuple[tuple[str, str], ...] = ()
     show_prompts: bool = False  # show other sessions' prompts in the queue view
+    outputs: str | None = "outputs"  # where finished results are saved (None: --no-save)
     device: str | None = None
     dtype: str | None = None
     compile: bool = False  # torch.compile the denoiser, then warm up at the model's default size

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from engine import EngineSnapshot, RequestView
 from pipelines.interface import PipelineInfo
+from studio.queue_view import format_step_time
 
 NODE_W, NODE_H, GAP, MARGIN = 128, 78, 34, 8
 
@@ -51,29 +52,29 @@ def stage_of(view: RequestView) -> str:
     return "decode"
 
 
-def _title(stage: str, info: PipelineInfo, steps: int) -> str:
+def _denoise_title(views: list[RequestView]) -> str:
+    """'denoise ×20' with the step counts of the requests denoising now (a range when they differ)."""
+    totals = sorted({view.total for view in views if view.total})
+    if not totals:
+        return "denoise"
+    return f"denoise ×{totals[0]}" if len(totals) == 1 else f"denoise ×{totals[0]}–{totals[-1]}"
+
+
+def _title(stage: str, info: PipelineInfo, denoising: list[RequestView]) -> str:
     titles = {
         "prompt": "prompt",
         "encode": "text encode",
-        "denoise": f"denoise ×{steps}",
+        "denoise": _denoise_title(denoising),
         "decode": "decode",
         "media": info.output_kind,
     }
     return titles.get(stage, stage)
 
 
-def _format_mean(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    return f"{seconds:.2f} s"
-
-
 def build_nodes(snapshot: EngineSnapshot, info: PipelineInfo, viewer_session: str | None) -> list[NodeView]:
     counts = Counter(stage_of(view) for view in snapshot.requests)
     mine = [view for view in snapshot.requests if view.session_id == viewer_session]
-    steps = mine[0].total if mine else info.defaults.num_inference_steps
+    denoising = [view for view in snapshot.requests if stage_of(view) == "denoise"]
     stages = snapshot.stats.stages
     means = {
         "encode": (stages.encode_s, "mean"),
@@ -89,7 +90,7 @@ def build_nodes(snapshot: EngineSnapshot, info: PipelineInfo, viewer_session: st
             count = counts.get(stage, 0)
             count_label = "waiting: " + str(count) if stage == "prompt" else f"{count} here"
         mean_s, mean_kind = means.get(stage, (None, ""))
-        mean_text = _format_mean(mean_s)
+        mean_text = format_step_time(mean_s) if mean_s is not None else ""
         mine_here = [view for view in mine if stage_of(view) == stage] if stage != "media" else []
         detail = None
         if mine_here:
@@ -100,7 +101,7 @@ def build_nodes(snapshot: EngineSnapshot, info: PipelineInfo, viewer_session: st
         nodes.append(
             NodeView(
                 stage=stage,
-                title=_title(stage, info, steps),
+                title=_title(stage, info, denoising),
                 count=count,
                 count_label=count_label,
                 mean_s=mean_s,

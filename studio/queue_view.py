@@ -30,6 +30,15 @@ QUEUE_CSS = """
 COLUMNS = ("request", "who", "prompt", "state", "progress", "position", "waited", "ETA", "shares batch with")
 
 
+def format_step_time(seconds: float | None) -> str:
+    """A denoise step's wall time, the one speed figure every view shows ("57 ms", "1.20 s")."""
+    if seconds is None:
+        return "–"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    return f"{seconds:.2f} s"
+
+
 def short_id(request_id: str) -> str:
     return request_id[:SHORT_ID_LEN]
 
@@ -130,7 +139,7 @@ def render_stats(snapshot: EngineSnapshot) -> str:
     items = (
         f"mode <b>{html.escape(stats.mode)}</b>",
         f"batch now <b>{stats.current_batch_size}</b> / {stats.max_batch_requests} requests",
-        f"<b>{stats.steps_per_s:.1f}</b> steps/s",
+        f"<b>{format_step_time(stats.stages.denoise_step_s)}</b> per denoise step",
         f"waiting <b>{len(snapshot.waiting)}</b>, running <b>{len(snapshot.running)}</b>",
         f"finished: {html.escape(finished)}",
     )

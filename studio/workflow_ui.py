@@ -28,7 +28,10 @@ from studio.bridge import preview_image, session_id_of
 from studio.config import StudioOptions
 from studio.workflow import Problem, WorkflowError, node_type_specs, parse_workflow
 from studio.workflow_compiler import CompiledWorkflow, WorkflowLimits, compile_workflow
+from studio.outputs import OutputStore, owner_key, save_quietly
+from studio.run_registry import RunRegistry
 from studio.workflow_run import BranchView, RunView, WorkflowRun, result_image
+
 
 REPO = Path(__file__).resolve().parent.parent
 WEB_DIR = Path(__file__).resolve().parent / "web"
@@ -77,46 +80,6 @@ def _model_field_defaults(engine: Engine) -> dict[str, dict]:
         "steps": {"steps": defaults.num_inference_steps},
         "guidance": {"scale": defaults.guidance_scale},
     }
-
-
-# ---------------------------------------------------------------------------- runs in flight
-class RunRegistry:
-    """The runs in flight, so a cancel (another event, or the API) can reach its run.
-    Only the session that started a run may cancel it."""
-
-    def __init__(self) -> None:
-        self._runs: dict[str, WorkflowRun] = {}
-        self._lock = threading.Lock()
-
-    def add(self, run: WorkflowRun) -> None:
-        with self._lock:
-            self._runs[run.run_id] = run
-
-    def remove(self, run: WorkflowRun) -> None:
-        with self._lock:
-            self._runs.pop(run.run_id, None)
-
-    def own(self, run_id: object, session_id: str) -> WorkflowRun | None:
-        """The caller's run, or None when it ended or never existed. PermissionError for another's."""
-        if not isinstance(run_id, str):
-            return None
-        with self._lock:
-            run = self._runs.get(run_id.strip())
-        if run is not None and run.session_id != session_id:
-            raise PermissionError("that run belongs to another session; it can't be cancelled from here.")
-        return run
-
-    def cancel(self, run_id: object, session_id: str, branch: int | None = None) -> dict:
-        run = self.own(run_id, session_id)
-        if run is None:
-            return {"run_id": run_id, "cancelled": False, "message": "no such run in flight (it may have ended)"}
-        if branch is None or branch < 0:
-            run.cancel()
-            return {"run_id": run.run_id, "cancelled": True, "message": "cancelling the run at the next step boundary"}
-        cancelled = run.cancel_branch(branch)
-        message = (f"cancelling branch {branch} at the next step boundary" if cancelled
-                   else f"branch {branch} is unknown or already ended")
-        return {"run_id": run.run_id, "cancelled": cancelled, "message": message}
 
 
 # ---------------------------------------------------------------------------- run state as JSON
@@ -206,13 +169,23 @@ def results_gallery(view: RunView) -> list[tuple[Image.Image, str]]:
     return items
 
 
+def owner_for(browser_token: object, session_id: str) -> str:
+    """Whose history a result joins: the browser's (its BrowserState token survives reloads),
+    else the engine session's (API callers)."""
+    if isinstance(browser_token, str) and len(browser_token) >= 16:
+        return owner_key(browser_token)
+    return owner_key("session\0" + session_id)
+
+
 @dataclass
 class WorkflowRunner:
-    """Compile, register and run one workflow for one session (the UI and the API share it)."""
+    """Compile, register, run and save one workflow for one session (the editor, the Simple tab
+    and the API share it)."""
 
     engine: Engine
     config: StudioOptions
     registry: RunRegistry
+    outputs: OutputStore | None = None
 
     def start(self, source: object, session_id: str) -> tuple[WorkflowRun, CompiledWorkflow]:
         """Raises WorkflowError naming every problem; nothing is submitted then."""
@@ -220,15 +193,22 @@ class WorkflowRunner:
         run = WorkflowRun(self.engine, compiled, session_id, self.config.preview_every)
         return run, compiled
 
-    async def follow(self, run: WorkflowRun) -> AsyncIterator[RunView]:
+    async def follow(self, run: WorkflowRun, owner: str, workflow: dict | None = None) -> AsyncIterator[RunView]:
+        """The run's views until it ends; each finished branch is saved for `owner` (an
+        outputs.owner_key), with the workflow JSON when it came from the editor."""
         self.registry.add(run)
+        saved: set[int] = set()
         updates = run.updates()
         try:
             async with contextlib.aclosing(updates):
                 async for view in updates:
+                    for branch in view.branches:
+                        if branch.result is not None and branch.branch.index not in saved:
+                            saved.add(branch.branch.index)
+                            await save_quietly(self.outputs, branch.result, owner, workflow)
                     yield view
         finally:
-            self.registry.remove(run)
+            self.registry.finished(run)
 
 
 # ---------------------------------------------------------------------------- the tab
@@ -253,7 +233,7 @@ def editor_head() -> str:
     )
 
 
-def build_workflow_tab(engine: Engine, config: StudioOptions, registry: RunRegistry) -> WorkflowTab:
+def build_workflow_tab(engine: Engine) -> WorkflowTab:
     examples = load_examples()
     default = examples.get(DEFAULT_EXAMPLE) or next(iter(examples.values()), {"version": 1, "nodes": [], "links": []})
 
@@ -281,24 +261,27 @@ def build_workflow_tab(engine: Engine, config: StudioOptions, registry: RunRegis
     return WorkflowTab(editor, results)
 
 
-def wire_workflow_tab(runner: WorkflowRunner, tab: WorkflowTab) -> None:
-    async def run(workflow: str, request: gr.Request):
+def wire_workflow_tab(runner: WorkflowRunner, tab: WorkflowTab, browser_token: gr.BrowserState, live) -> None:
+    """`live`: the page's LiveViews, redrawn with every update of the run."""
+    async def run(workflow: str, token: str, request: gr.Request):
         encoder = RunStateEncoder(runner.config.preview_max_px)
+        session = session_id_of(request)
         try:
-            started, compiled = runner.start(workflow, session_id_of(request))
+            started, compiled = runner.start(workflow, session)
         except WorkflowError as exc:
             yield {tab.editor: gr.update(run_state=invalid_state(exc))}
             raise gr.Error(str(exc), title="Workflow not run") from exc
         finished_seen = -1
-        async for view in runner.follow(started):
-            outputs: dict = {tab.editor: gr.update(run_state=encoder.state(view, compiled))}
+        async for view in runner.follow(started, owner_for(token, session), compiled.workflow.to_json()):
+            outputs: dict = {tab.editor: gr.update(run_state=encoder.state(view, compiled)), **live.render(session)}
             finished = sum(b.result is not None for b in view.branches)
             if finished != finished_seen or view.is_final:
                 finished_seen = finished
                 outputs[tab.results] = results_gallery(view)
             yield outputs
 
-    tab.editor.submit(run, inputs=tab.editor, outputs=[tab.editor, tab.results], concurrency_limit=None,
+    tab.editor.submit(run, inputs=[tab.editor, browser_token], outputs=[tab.editor, tab.results, *live.components],
+                      concurrency_limit=None,
                       api_name="ui_run_workflow", api_visibility="private", show_progress="hidden")
 
     def cancel(event: gr.EventData, request: gr.Request) -> None:
@@ -332,12 +315,13 @@ def wire_workflow_api(runner: WorkflowRunner) -> None:
         preview (a data URL); images and grids fill in as branches finish.
         Cancel with /cancel_workflow and the run_id."""
         encoder = RunStateEncoder(runner.config.preview_max_px)
+        session = session_id_of(request)
         try:
-            started, compiled = runner.start(workflow, session_id_of(request))
+            started, compiled = runner.start(workflow, session)
         except WorkflowError as exc:
             raise gr.Error(str(exc), title="Workflow not run") from exc
         finished_seen = -1
-        async for view in runner.follow(started):
+        async for view in runner.follow(started, owner_for(None, session), compiled.workflow.to_json()):
             finished = sum(b.result is not None for b in view.branches)
             changed = finished != finished_seen or view.is_final
             finished_seen = finished

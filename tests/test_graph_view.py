@@ -40,7 +40,7 @@ def test_nodes_follow_the_model_stages_with_counts_and_means():
     assert list(nodes) == list(info.stages)
     assert nodes["prompt"].count == 1 and nodes["denoise"].count == 1
     assert nodes["encode"].count == 0 and nodes["decode"].count == 0
-    assert nodes["denoise"].title == "denoise ×100"  # the viewer's own step count
+    assert nodes["denoise"].title == "denoise ×100"  # the step count of the request denoising now
     assert nodes["denoise"].mean_s == snapshot.stats.stages.denoise_step_s and nodes["denoise"].mean_s > 0.015
     assert nodes["denoise"].mean_label.endswith("per step")
     mine = next(v for v in snapshot.requests if v.session_id == "me")
@@ -65,6 +65,13 @@ def test_idle_engine_draws_every_stage_with_no_highlight_and_media_kind():
     engine = Engine(pipeline)
     svg = render_graph(engine.snapshot(), pipeline.info, viewer_session="me")
     assert "ss-you" not in svg and "ss-busy" not in svg
-    assert ">image</text>" in svg and ">text encode</text>" in svg and ">denoise ×8</text>" in svg
+    assert ">image</text>" in svg and ">text encode</text>" in svg and ">denoise</text>" in svg  # nobody denoising
     video_info = replace(pipeline.info, output_kind="video")
     assert ">video</text>" in render_graph(engine.snapshot(), video_info, viewer_session=None)
+
+
+def test_the_denoise_title_shows_the_steps_of_the_requests_there():
+    snapshot, info = _running_and_waiting_snapshot()
+    running = next(v for v in snapshot.requests if v.state == "running")
+    two = replace(snapshot, requests=(running, replace(running, request_id="x" * 32, total=20, step=5)))
+    assert {n.stage: n.title for n in build_nodes(two, info, None)}["denoise"] == "denoise ×20–100"

@@ -1,4 +1,5 @@
-"""The studio in a real headless Chromium: generate with live progress, cancel, two tabs.
+"""The Simple tab and the History tab in a real headless Chromium: live progress in one bar per
+request, prompts that queue, cancel, two tabs, closing a tab, results that survive a reload.
 
 Needs Debian's `chromium` and the `playwright` package (never `playwright install`).
 Screenshots land in test-artifacts/ for a human to look at.
@@ -34,14 +35,15 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def studio():
+def studio(tmp_path_factory):
     defaults = ModelDefaults(width=64, height=64, num_inference_steps=STEPS, guidance_scale=1.0,
                              example_prompts=("a red circle", "a blue square"))
     pipeline = ToyPipeline(step_delay_s=STEP_DELAY_S, defaults=defaults)
-    config = StudioOptions(model="toy", port=0, preview_every=2, max_per_session=4)
+    outputs = tmp_path_factory.mktemp("outputs")
+    config = StudioOptions(model="toy", port=0, preview_every=2, max_per_session=4, outputs=str(outputs))
     engine = Engine(pipeline, mode=config.mode, max_batch=config.max_batch, limits=config.limits).start()
     server = StudioServer(build_app(engine, config), "127.0.0.1", 0).start()
-    yield server, engine, pipeline
+    yield server, engine, pipeline, outputs
     server.stop()
     engine.close()
 
@@ -56,12 +58,13 @@ def browser():
 
 @pytest.fixture
 def open_page(studio, browser):
-    """New tab in its own browser context (= its own Gradio session)."""
+    """New tab in its own browser context (= its own Gradio session and its own browser token)."""
     contexts = []
 
-    def open_() -> "sync_api.Page":
-        context = browser.new_context(viewport={"width": 1400, "height": 1100})
-        contexts.append(context)
+    def open_(context=None) -> "sync_api.Page":
+        if context is None:
+            context = browser.new_context(viewport={"width": 1400, "height": 1100})
+            contexts.append(context)
         page = context.new_page()
         page.goto(studio[0].url)
         page.get_by_role("tab", name="Simple").click()  # the Workflow tab is the default
@@ -79,8 +82,15 @@ def shot(page, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 
 
-def status_of(page) -> dict:
-    return page.eval_on_selector("#ss-status .ss-status", "el => ({...el.dataset})")
+def rows(page) -> list[dict]:
+    """The tab's queue: one row per request, oldest first."""
+    return page.eval_on_selector_all("#ss-tab-queue .ss-job", "els => els.map(el => ({...el.dataset}))")
+
+
+def wait_rows(page, condition: str, timeout: int = 20000) -> None:
+    page.wait_for_function(
+        f"() => {{ const rows = [...document.querySelectorAll('#ss-tab-queue .ss-job')].map(el => el.dataset); "
+        f"return {condition}; }}", timeout=timeout)
 
 
 def generate(page, prompt: str) -> None:
@@ -88,50 +98,94 @@ def generate(page, prompt: str) -> None:
     page.click("#ss-generate")
 
 
-def test_generate_shows_moving_progress_then_the_image(open_page):
+def test_generate_shows_one_moving_bar_then_the_image(open_page):
     page = open_page()
     generate(page, "a large red circle")
     seen_steps: list[int] = []
-    gradio_bar_seen = False
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        status = status_of(page)
-        if status.get("state") == "running":
-            seen_steps.append(int(status["step"]))
-            gradio_bar_seen = gradio_bar_seen or page.locator("#ss-progress .progress-bar").count() > 0
+        current = rows(page)
+        if current and current[-1]["state"] == "running":
+            seen_steps.append(int(current[-1]["step"]))
             if len(set(seen_steps)) == 4:
                 shot(page, "browser-generate-running")
-        if status.get("state") == "completed":
+            # One progress display: the row's own bar, no Gradio progress bar anywhere on the tab.
+            assert page.locator("#ss-tab-simple .progress-bar, #ss-tab-simple .progress-text").count() == 0
+            assert page.locator("#ss-tab-simple progress").count() == 1
+        if current and current[-1]["state"] == "completed":
             break
         time.sleep(0.05)
     page.wait_for_selector("#ss-result img")
     shot(page, "browser-generate-done")
-    assert status_of(page)["state"] == "completed" and status_of(page)["step"] == str(STEPS)
+    (row,) = rows(page)
+    assert row["state"] == "completed" and row["step"] == str(STEPS)
     distinct = sorted(set(seen_steps))
     assert len(distinct) >= 4 and seen_steps == sorted(seen_steps), seen_steps  # moves forward, step by step
-    assert gradio_bar_seen, "Gradio's progress bar never appeared"
     assert page.locator("#ss-preview img").count() == 1  # a live preview arrived
-    assert page.locator("#ss-gallery img").count() >= 1  # and the result joined this session's gallery
-    seed = page.input_value("#ss-seed input")
-    assert f"seed {seed}" in page.inner_text("#ss-status")  # the used seed is shown for reuse
+    assert page.locator("#ss-gallery img").count() == 1  # and the result joined this tab's gallery
+    assert page.input_value("#ss-seed input") == row["seed"]  # the used seed is written back
 
 
-def test_cancel_stops_the_running_request(open_page, studio):
-    _, engine, pipeline = studio
+def test_three_quick_clicks_queue_three_requests_and_give_three_results_in_order(open_page, studio):
     page = open_page()
-    generate(page, "a request to cancel")
-    page.wait_for_function("Number(document.querySelector('#ss-status .ss-status').dataset.step) >= 3",
-                           timeout=20000)
-    short_id = page.inner_text("#ss-status code")
+    page.fill("#ss-prompt textarea", "a queued request")
+    for _ in range(3):
+        page.click("#ss-generate")
+    wait_rows(page, "rows.length === 3")
+    shot(page, "browser-three-queued")
+    wait_rows(page, "rows.length === 3 && rows.every(r => r.state === 'completed')")
+    seeds = [int(r["seed"]) for r in rows(page)]
+    assert len(set(seeds)) == 3
+    captions = page.eval_on_selector_all("#ss-gallery .caption-label, #ss-gallery figcaption",
+                                         "els => els.map(el => el.textContent)")
+    assert len(captions) == 3
+    # Newest first in the gallery: the reverse of the queue's order.
+    assert [int(c.split("seed ")[1].split(" ")[0]) for c in captions] == seeds[::-1]
+
+
+def test_batch_count_makes_consecutive_seeds(open_page):
+    page = open_page()
+    page.uncheck("#ss-random-seed input")
+    page.fill("#ss-seed input", "40")
+    page.fill("#ss-batch-count input[type=number]", "3")
+    page.press("#ss-batch-count input[type=number]", "Enter")
+    generate(page, "a batch")
+    wait_rows(page, "rows.length === 3 && rows.every(r => r.state === 'completed')")
+    assert [int(r["seed"]) for r in rows(page)] == [40, 41, 42]
+
+
+def test_shift_enter_generates_and_enter_adds_a_line(open_page):
+    page = open_page()
+    page.click("#ss-prompt textarea")
+    page.keyboard.type("a red circle")
+    page.keyboard.press("Enter")
+    page.keyboard.type("on two lines")
+    assert page.input_value("#ss-prompt textarea") == "a red circle\non two lines"
+    assert rows(page) == []
+    page.keyboard.press("Shift+Enter")
+    wait_rows(page, "rows.length === 1")
+    assert "Shift+Enter generates" in page.inner_text("#ss-prompt")
+
+
+def test_cancel_one_request_and_cancel_all(open_page, studio):
+    _, engine, pipeline, _ = studio
+    page = open_page()
+    page.fill("#ss-batch-count input[type=number]", "2")
+    page.press("#ss-batch-count input[type=number]", "Enter")
+    generate(page, "two requests to cancel")
+    wait_rows(page, "rows.length === 2 && rows.every(r => Number(r.step) >= 2)")
+    first, second = rows(page)
+    page.dispatch_event(f"#ss-tab-queue .ss-job[data-request='{first['request']}'] .ss-job-cancel", "pointerdown")
+    wait_rows(page, "rows[0].state === 'aborted'", timeout=5000)
+    assert rows(page)[1]["state"] == "running"
     page.click("#ss-cancel")
-    page.wait_for_function("document.querySelector('#ss-status .ss-status').dataset.state === 'aborted'",
-                           timeout=5000)
+    wait_rows(page, "rows[1].state === 'aborted'", timeout=5000)
     forwards_after_cancel = len(pipeline.forward_log)
-    time.sleep(10 * STEP_DELAY_S)
     shot(page, "browser-cancelled")
-    ours = [ids for ids in pipeline.forward_log[forwards_after_cancel:] if any(i.startswith(short_id) for i in ids)]
-    assert len(ours) <= 1, "the cancelled request kept running"
-    assert not [v for v in engine.snapshot().requests if v.request_id.startswith(short_id)]
+    time.sleep(10 * STEP_DELAY_S)
+    ours = [ids for ids in pipeline.forward_log[forwards_after_cancel:] if {first["request"], second["request"]} & set(ids)]
+    assert len(ours) <= 1, "a cancelled request kept running"
+    assert not [v for v in engine.snapshot().requests if v.request_id in (first["request"], second["request"])]
     assert page.locator("#ss-result img").count() == 0  # no image for a cancelled request
 
 
@@ -152,21 +206,51 @@ def test_two_pages_see_each_other_in_the_queue(open_page):
         assert other not in table and "(hidden)" in table
         assert page.locator("#ss-graph g.ss-you").count() == 1
     for page in (first, second):
-        page.wait_for_function("document.querySelector('#ss-status .ss-status').dataset.state === 'completed'",
-                               timeout=20000)
+        wait_rows(page, "rows.length === 1 && rows[0].state === 'completed'")
 
 
 def test_closing_the_tab_cancels_its_request(open_page, studio):
-    _, engine, pipeline = studio
+    _, engine, pipeline, _ = studio
     page = open_page()
     generate(page, "a tab that will be closed")
-    page.wait_for_function("Number(document.querySelector('#ss-status .ss-status').dataset.step) >= 2",
-                           timeout=20000)
-    short_id = page.inner_text("#ss-status code")
+    wait_rows(page, "rows.length === 1 && Number(rows[0].step) >= 2")
+    request_id = rows(page)[0]["request"]
     page.context.close()
     deadline = time.monotonic() + 10
-    while any(v.request_id.startswith(short_id) for v in engine.snapshot().requests):
+    while any(v.request_id == request_id for v in engine.snapshot().requests):
         assert time.monotonic() < deadline, "the closed tab's request kept running"
         time.sleep(0.05)
-    ran = [ids for ids in pipeline.forward_log if any(i.startswith(short_id) for i in ids)]
+    ran = [ids for ids in pipeline.forward_log if request_id in ids]
     assert len(ran) < STEPS  # it ended early: aborted, not finished
+
+
+def test_history_survives_a_reload_and_its_settings_fill_the_form(open_page, browser, studio):
+    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    try:
+        page = open_page(context)
+        page.uncheck("#ss-random-seed input")
+        page.fill("#ss-seed input", "1234")
+        generate(page, "a result to keep")
+        wait_rows(page, "rows.length === 1 && rows[0].state === 'completed'")
+        page.reload()
+        page.get_by_role("tab", name="History").click()
+        page.wait_for_selector("#ss-history img")
+        assert page.locator("#ss-history img").count() == 1
+        page.click("#ss-history img")
+        page.wait_for_function("document.querySelector('#ss-history-details textarea').value.includes('Seed: 1234')")
+        details = page.input_value("#ss-history-details textarea")
+        assert details.startswith("a result to keep\nSteps: 30, Sampler: default, CFG scale: 1, Seed: 1234")
+        page.click("#ss-history-use")
+        page.wait_for_selector("#ss-generate")
+        assert page.input_value("#ss-prompt textarea") == "a result to keep"
+        assert page.input_value("#ss-seed input") == "1234"
+        assert not page.is_checked("#ss-random-seed input")
+        shot(page, "browser-history")
+        # Another browser (its own token) sees none of it.
+        stranger = open_page()
+        stranger.get_by_role("tab", name="History").click()
+        stranger.click("#ss-history-refresh")
+        time.sleep(0.5)
+        assert stranger.locator("#ss-history img").count() == 0
+    finally:
+        context.close()

@@ -49,6 +49,14 @@
       const saved = this.readStorage(STORAGE_KEY);
       this.load(saved || this.parse(props.value) || this.examples[props.default_example] || { version: 1, nodes: [], links: [] });
       watch("run_state", () => this.showRun(this.props.run_state));
+      // Python sends a workflow to open (History: "Open its workflow"); the editor's own
+      // edits come back here too, and are recognised by being the graph already shown.
+      watch("value", () => {
+        if (this.props.value !== this.lastCommitted) {
+          const workflow = this.parse(this.props.value);
+          if (workflow) this.load(workflow, "Opened a workflow.");
+        }
+      });
       window.addEventListener("keydown", (event) => this.onKey(event));
     }
 
@@ -223,6 +231,8 @@
 
     onDrop(event) {
       event.preventDefault();
+      const file = event.dataTransfer.files && event.dataTransfer.files[0];
+      if (file) return this.onUpload(file); // a workflow JSON, or a PNG made from a workflow
       const typeName = event.dataTransfer.getData("text/plain");
       if (!this.types[typeName]) return;
       const point = this.toCanvas(event.clientX, event.clientY);
@@ -373,6 +383,7 @@
         this.undoStack.push(json);
         if (this.undoStack.length > UNDO_LIMIT) this.undoStack.shift();
       }
+      this.lastCommitted = json;
       this.props.value = json; // keeps the component's value (what Run sends) equal to the graph
       try { localStorage.setItem(STORAGE_KEY, json); } catch (e) { /* storage full or disabled */ }
       this.root.dataset.nodes = String(Object.keys(this.df.drawflow.drawflow.Home.data).length);

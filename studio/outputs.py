@@ -1,0 +1,218 @@
+"""Results that last: every finished image (or video) saved under an outputs folder, with its settings.
+
+    store = OutputStore(Path("outputs"), model="shapes-flux")
+    saved = store.save(completed, owner="3f2a...", workflow=workflow_json)   # -> SavedOutput
+    store.history("3f2a...")                                                # newest first
+
+Images are PNGs carrying a `parameters` text chunk in AUTOMATIC1111's format (readable by the
+tools that read those) and, when they came from the node editor, a `workflow` chunk with the
+workflow JSON (dropping such a PNG onto the editor loads it). Videos are MP4s with a PNG poster
+frame beside them that carries the same chunks. Every save appends one line to its owner's
+history file, which the History view reads; the owner is a hash of the browser's own random
+token, so a reload finds its results and nobody can list another browser's.
+
+Layout: <folder>/<YYYY-MM-DD>/<NNNNN>-<seed>.png   (NNNNN counts up within the day)
+        <folder>/history/<owner>.jsonl             (one saved result per line)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import logging
+import json
+import re
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from PIL import Image
+from PIL.PngImagePlugin import PngInfo
+
+from engine import Completed, GenerationParams
+
+HISTORY_FOLDER = "history"
+log = logging.getLogger(__name__)
+HISTORY_LIMIT = 200
+
+
+# ---------------------------------------------------------------------------- infotext
+def infotext(params: GenerationParams, model: str) -> str:
+    """AUTOMATIC1111's `parameters` text: prompt, `Negative prompt: ...`, then `Key: value` pairs."""
+    lines = [params.prompt]
+    if params.negative_prompt:
+        lines.append(f"Negative prompt: {params.negative_prompt}")
+    fields = {
+        "Steps": params.num_inference_steps,
+        "Sampler": params.scheduler or "default",
+        "CFG scale": f"{params.guidance_scale:g}",
+        "Seed": params.seed,
+        "Size": f"{params.width}x{params.height}",
+        "Model": model,
+    }
+    if params.num_frames and params.num_frames > 1:
+        fields["Frames"] = params.num_frames
+    lines.append(", ".join(f"{key}: {_quote(value)}" for key, value in fields.items()))
+    return "\n".join(lines)
+
+
+def _quote(value: object) -> str:
+    text = str(value)
+    return json.dumps(text) if ("," in text or ":" in text or "\n" in text) else text
+
+
+_PAIR = re.compile(r'\s*([\w ./-]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
+
+
+def parse_infotext(text: str) -> dict[str, Any]:
+    """The settings in a `parameters` text (ours or AUTOMATIC1111's): prompt, negative_prompt,
+    num_inference_steps, guidance_scale, seed, width, height, scheduler, num_frames (those present)."""
+    lines = text.strip().split("\n")
+    last = lines[-1] if lines and _PAIR.match(lines[-1]) and "Steps:" in lines[-1] else ""
+    body = lines[:-1] if last else lines
+    prompt_lines, negative_lines, in_negative = [], [], False
+    for line in body:
+        if line.startswith("Negative prompt:"):
+            in_negative = True
+            line = line[len("Negative prompt:"):].strip()
+        (negative_lines if in_negative else prompt_lines).append(line)
+    settings: dict[str, Any] = {"prompt": "\n".join(prompt_lines).strip()}
+    if in_negative:
+        settings["negative_prompt"] = "\n".join(negative_lines).strip()
+    pairs = {key.strip(): value.strip() for key, value in _PAIR.findall(last)}
+    pairs = {key: json.loads(value) if value.startswith('"') else value for key, value in pairs.items()}
+    converters: dict[str, tuple[str, Callable]] = {
+        "Steps": ("num_inference_steps", int), "CFG scale": ("guidance_scale", float), "Seed": ("seed", int),
+        "Frames": ("num_frames", int),
+    }
+    for key, (name, convert) in converters.items():
+        if key in pairs:
+            try:
+                settings[name] = convert(pairs[key])
+            except ValueError:
+                pass
+    if "Size" in pairs:
+        width, _, height = pairs["Size"].partition("x")
+        if width.isdigit() and height.isdigit():
+            settings["width"], settings["height"] = int(width), int(height)
+    if "Sampler" in pairs:
+        settings["scheduler"] = None if pairs["Sampler"] == "default" else pairs["Sampler"]
+    return settings
+
+
+def png_texts(path: Path | str) -> dict[str, str]:
+    """The text chunks of a PNG (e.g. `parameters`, `workflow`)."""
+    with Image.open(path) as image:
+        return {key: value for key, value in getattr(image, "text", {}).items() if isinstance(value, str)}
+
+
+# ---------------------------------------------------------------------------- the store
+@dataclass(frozen=True)
+class SavedOutput:
+    path: str  # the image, or the video
+    poster: str | None  # a video's first frame (PNG with the same chunks)
+    owner: str
+    kind: str  # "image" | "video"
+    created: float
+    parameters: str  # the infotext
+    settings: dict  # parse_infotext(parameters), plus "model"
+    has_workflow: bool
+
+    def as_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+
+def owner_key(browser_token: str) -> str:
+    """What the index stores for a browser: never the token itself."""
+    return hashlib.sha256(("stepstudio-history\0" + browser_token).encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+class OutputStore:
+    """Saves finished results and lists a browser's history. `folder=None` turns saving off."""
+
+    def __init__(self, folder: Path | None, model: str, fps: int = 16,
+                 write_video: Callable[[Sequence[Image.Image], Path, int], None] | None = None) -> None:
+        self.folder = Path(folder) if folder is not None else None
+        self.model = model
+        self.fps = fps
+        self._write_video = write_video
+        self._lock = threading.Lock()
+        self._counter: dict[str, itertools.count] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.folder is not None
+
+    def _next_stem(self, day_folder: Path, seed: int) -> Path:
+        day = day_folder.name
+        if day not in self._counter:
+            existing = [int(p.name.split("-", 1)[0]) for p in day_folder.glob("*-*.*") if p.name.split("-", 1)[0].isdigit()]
+            self._counter[day] = itertools.count(max(existing, default=0) + 1)
+        return day_folder / f"{next(self._counter[day]):05d}-{seed}"
+
+    def save(self, completed: Completed, owner: str, workflow: dict | None = None) -> SavedOutput | None:
+        """Write the result and its history line; None when saving is off. `owner`: owner_key(token)."""
+        if self.folder is None:
+            return None
+        if not re.fullmatch(r"[0-9a-f]{32}", owner):
+            raise ValueError(f"owner must be an owner_key() value, got {owner!r:.40}.")
+        params = completed.params
+        text = infotext(params, self.model)
+        info = PngInfo()
+        info.add_text("parameters", text)
+        if workflow is not None:
+            info.add_text("workflow", json.dumps(workflow, ensure_ascii=False))
+        day_folder = self.folder / time.strftime("%Y-%m-%d")
+        with self._lock:
+            day_folder.mkdir(parents=True, exist_ok=True)
+            stem = self._next_stem(day_folder, params.seed)
+            if completed.is_video:
+                poster = stem.with_suffix(".png")
+                completed.images[0].convert("RGB").save(poster, pnginfo=info)
+                path = stem.with_suffix(".mp4")
+                if self._write_video is None:
+                    raise RuntimeError("this OutputStore was made without a video writer")
+                self._write_video(completed.images, path, self.fps)
+            else:
+                poster = None
+                path = stem.with_suffix(".png")
+                completed.images[0].save(path, pnginfo=info)
+            settings = dict(parse_infotext(text), model=self.model)
+            saved = SavedOutput(str(path), str(poster) if poster else None, owner,
+                                "video" if completed.is_video else "image", time.time(), text, settings,
+                                workflow is not None)
+            history = self.folder / HISTORY_FOLDER
+            history.mkdir(exist_ok=True)
+            with open(history / f"{owner}.jsonl", "a", encoding="utf-8") as lines:
+                lines.write(saved.as_json() + "\n")
+        return saved
+
+    def history(self, owner: str, limit: int = HISTORY_LIMIT) -> list[SavedOutput]:
+        """This owner's saved results whose files still exist, newest first."""
+        if self.folder is None or not re.fullmatch(r"[0-9a-f]{32}", owner):
+            return []
+        path = self.folder / HISTORY_FOLDER / f"{owner}.jsonl"
+        if not path.is_file():
+            return []
+        found: list[SavedOutput] = []
+        with self._lock, open(path, encoding="utf-8") as lines:
+            for line in lines:
+                try:
+                    found.append(SavedOutput(**json.loads(line)))
+                except (json.JSONDecodeError, TypeError):
+                    continue  # a line cut short by a crash: skip it
+        found = [item for item in found if Path(item.path).exists()]
+        return sorted(found, key=lambda item: item.created, reverse=True)[:limit]
+
+
+async def save_quietly(store: OutputStore | None, completed: Completed, owner: str, workflow: dict | None = None) -> None:
+    """Save off the event loop; a failed write (a full disk) is logged, never fails the request."""
+    if store is None or not store.enabled:
+        return
+    try:
+        await asyncio.to_thread(store.save, completed, owner, workflow)
+    except OSError as exc:
+        log.warning("could not save an output: %s", exc)

@@ -1,0 +1,71 @@
+"""The workflow runs of every session, so cancels (other events, the API) reach their run and a
+tab can list its own queue. Runs stay listed a while after they end (the tab shows how they
+ended); only the session that started a run may cancel it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from studio.workflow_run import WorkflowRun
+
+KEEP_FINISHED_PER_SESSION = 8  # ended runs a session still sees in its queue list
+
+
+class RunRegistry:
+    def __init__(self, keep_finished: int = KEEP_FINISHED_PER_SESSION) -> None:
+        self._runs: OrderedDict[str, WorkflowRun] = OrderedDict()  # in start order
+        self._live: set[str] = set()
+        self._keep_finished = keep_finished
+        self._lock = threading.Lock()
+
+    def add(self, run: WorkflowRun) -> None:
+        with self._lock:
+            self._runs[run.run_id] = run
+            self._live.add(run.run_id)
+
+    def finished(self, run: WorkflowRun) -> None:
+        """The run's stream ended: keep it listed, dropping the session's oldest ended runs."""
+        with self._lock:
+            self._live.discard(run.run_id)
+            ended = [r for r in self._runs.values() if r.session_id == run.session_id and r.run_id not in self._live]
+            for old in ended[: max(0, len(ended) - self._keep_finished)]:
+                del self._runs[old.run_id]
+
+    def runs_of(self, session_id: str) -> list[WorkflowRun]:
+        """The session's runs, oldest first (live ones and its last few ended ones)."""
+        with self._lock:
+            return [run for run in self._runs.values() if run.session_id == session_id]
+
+    def own(self, run_id: object, session_id: str) -> WorkflowRun | None:
+        """The caller's live run, or None when it ended or never existed. PermissionError for another's."""
+        if not isinstance(run_id, str):
+            return None
+        with self._lock:
+            run_id = run_id.strip()
+            run = self._runs.get(run_id) if run_id in self._live else None
+        if run is not None and run.session_id != session_id:
+            raise PermissionError("that run belongs to another session; it can't be cancelled from here.")
+        return run
+
+    def cancel(self, run_id: object, session_id: str, branch: int | None = None) -> dict:
+        """Cancel a run (branch None or -1) or one of its branches, at the next step boundary."""
+        run = self.own(run_id, session_id)
+        if run is None:
+            return {"run_id": run_id, "cancelled": False, "message": "no such run in flight (it may have ended)"}
+        if branch is None or branch < 0:
+            run.cancel()
+            return {"run_id": run.run_id, "cancelled": True, "message": "cancelling the run at the next step boundary"}
+        cancelled = run.cancel_branch(branch)
+        message = (f"cancelling branch {branch} at the next step boundary" if cancelled
+                   else f"branch {branch} is unknown or already ended")
+        return {"run_id": run.run_id, "cancelled": cancelled, "message": message}
+
+    def cancel_session(self, session_id: str) -> int:
+        """Cancel every live run of a session; returns how many."""
+        with self._lock:
+            runs = [self._runs[i] for i in self._live if self._runs[i].session_id == session_id]
+        for run in runs:
+            run.cancel()
+        return len(runs)

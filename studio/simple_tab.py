@@ -1,0 +1,262 @@
+"""The Simple tab: a form on the shared engine, with its own queue.
+
+Every Generate (the button, or Shift+Enter in the prompt; Enter adds a line there, as in
+Gradio's other multi-line boxes) is a run of
+`batch count` requests (seeds seed, seed+1, ...), made from the form as a small workflow and run
+like the editor's (`studio.workflow_run`): Generate while earlier requests run adds the new ones
+to the tab's queue, they share forwards with everything else, and the per-session limit still
+bounds what is in the engine at once (the rest wait in the tab). The queue list shows one row
+and one progress bar per request, with a × to cancel it; the preview shows the newest running
+request; results go to the tab's gallery, newest first, and are saved (studio.outputs).
+"""
+
+from __future__ import annotations
+
+import html
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from engine import Engine
+from pipelines.params import MIN_SIZE
+from studio.bridge import final_media, preview_image, session_id_of, settings_caption
+from studio.config import StudioOptions
+from studio.tab_queue import CANCEL_JS, TabResults, latest_preview, render_tab_queue
+from studio.workflow import WorkflowError
+from studio.workflow_ui import WorkflowRunner, owner_for
+
+MAX_BATCH_COUNT = 16
+_SEED_RANGE = 2**32
+
+# Node ids double as the form's field names in error messages ("steps: 500 is out of range ...").
+FORM_NODES = ("prompt", "negative prompt", "seed", "size", "steps", "guidance", "scheduler")
+
+
+@dataclass(frozen=True)
+class SimpleForm:
+    prompt: gr.Textbox
+    negative_prompt: gr.Textbox
+    width: gr.Slider
+    height: gr.Slider
+    steps: gr.Slider
+    guidance_scale: gr.Slider
+    scheduler: gr.Dropdown
+    batch_count: gr.Slider
+    random_seed: gr.Checkbox
+    seed: gr.Number
+    unknown_words: gr.Markdown
+    generate: gr.Button
+    cancel: gr.Button
+
+    def settings_outputs(self) -> list:
+        """The fields "use these settings again" fills in, in `settings_update`'s order."""
+        return [self.prompt, self.negative_prompt, self.width, self.height, self.steps, self.guidance_scale,
+                self.scheduler, self.random_seed, self.seed]
+
+
+@dataclass(frozen=True)
+class SimplePanel:
+    queue: gr.HTML
+    preview: gr.Image
+    media: gr.Image | gr.Video
+    gallery: gr.Gallery
+
+
+def form_workflow(values: dict[str, Any], uses_negative_prompt: bool, seed_start: int) -> dict:
+    """The form as a workflow: its fields as value nodes, `batch count` as a seed batch."""
+    def node(node_id: str, node_type: str, **node_values) -> dict:
+        return {"id": node_id, "type": node_type, "values": node_values}
+
+    def link(source: str, port: str) -> dict:
+        return {"from": {"node": source, "port": port}, "to": {"node": "sampler", "port": port}}
+
+    nodes = [
+        node("prompt", "prompt", text=values["prompt"] if isinstance(values["prompt"], str) else ""),
+        node("seed", "seed_batch", start=seed_start, count=values["batch_count"]),
+        node("size", "size", width=values["width"], height=values["height"]),
+        node("steps", "steps", steps=values["steps"]),
+        node("guidance", "guidance", scale=values["guidance_scale"]),
+        node("sampler", "sampler"),
+    ]
+    links = [link("prompt", "prompt"), link("seed", "seed"), link("size", "size"), link("steps", "steps"),
+             link("guidance", "guidance")]
+    negative = values.get("negative_prompt")
+    if uses_negative_prompt and isinstance(negative, str):
+        nodes.append(node("negative prompt", "negative_prompt", text=negative))
+        links.append(link("negative prompt", "negative_prompt"))
+    if values.get("scheduler"):
+        nodes.append(node("scheduler", "scheduler", name=values["scheduler"]))
+        links.append(link("scheduler", "scheduler"))
+    return {"version": 1, "nodes": nodes, "links": links}
+
+
+def form_problems(error: WorkflowError) -> str:
+    """The compiler's problems in the form's words: 'steps: 500 is out of range ...'."""
+    parts = []
+    for problem in error.problems:
+        if problem.node_id in FORM_NODES and problem.node_id != "sampler":
+            field = "batch count" if (problem.node_id, problem.port) == ("seed", "count") else problem.node_id
+            parts.append(f"{field}: {problem.message}")
+        else:
+            parts.append(problem.message)
+    return "; ".join(parts)
+
+
+def seed_start(values: dict[str, Any]) -> object:
+    """The first seed of the batch: random when asked (or none given), else the form's (the
+    compiler checks it)."""
+    seed = values["seed"]
+    if values["random_seed"] or seed is None or (isinstance(seed, (int, float)) and seed < 0):
+        return random.SystemRandom().randrange(_SEED_RANGE)
+    return seed
+
+
+# ---------------------------------------------------------------------------- building
+def build_simple_tab(engine: Engine, config: StudioOptions) -> tuple[SimpleForm, SimplePanel]:
+    info, limits = engine.info, engine.limits
+    defaults = info.defaults
+    with gr.Row():
+        with gr.Column(scale=2):
+            prompt = gr.Textbox(label="Prompt (Shift+Enter generates, Enter adds a line)", lines=2,
+                                placeholder="a large red circle on a blue background", elem_id="ss-prompt")
+            negative = gr.Textbox(label="Negative prompt", lines=1, visible=info.uses_negative_prompt,
+                                  value=defaults.negative_prompt or "", elem_id="ss-negative")
+            unknown = gr.Markdown("", elem_id="ss-unknown")
+            with gr.Row():
+                generate = gr.Button("Generate", variant="primary", elem_id="ss-generate")
+                cancel = gr.Button("Cancel all", variant="stop", elem_id="ss-cancel")
+            if defaults.example_prompts:
+                gr.Examples(examples=[[p] for p in defaults.example_prompts], inputs=[prompt], label="Example prompts")
+            with gr.Accordion("Settings", open=True):
+                size_step = max(info.size_multiple, 1)
+                size_min = max(MIN_SIZE, size_step)
+                max_size = max(limits.max_size, size_min)
+                with gr.Row():
+                    width = gr.Slider(size_min, max_size, value=min(defaults.width, max_size), step=size_step,
+                                      label="Width", elem_id="ss-width")
+                    height = gr.Slider(size_min, max_size, value=min(defaults.height, max_size), step=size_step,
+                                       label="Height", elem_id="ss-height")
+                with gr.Row():
+                    steps = gr.Slider(1, limits.max_steps, value=min(defaults.num_inference_steps, limits.max_steps),
+                                      step=1, label="Steps", elem_id="ss-steps")
+                    guidance = gr.Slider(0.0, 20.0, value=defaults.guidance_scale, step=0.5, label="Guidance scale",
+                                         elem_id="ss-guidance")
+                with gr.Row():
+                    scheduler = gr.Dropdown([("model default", "")] + [(s, s) for s in info.schedulers], value="",
+                                            label="Scheduler", visible=len(info.schedulers) > 1, elem_id="ss-scheduler")
+                    batch_count = gr.Slider(1, min(MAX_BATCH_COUNT, config.max_branches), value=1, step=1,
+                                            label="Batch count (seeds seed, seed+1, ...)", elem_id="ss-batch-count")
+                with gr.Row():
+                    random_seed = gr.Checkbox(value=True, label="Random seed", elem_id="ss-random-seed")
+                    seed = gr.Number(value=0, precision=0, minimum=0, label="Seed (the used seed appears here)",
+                                     elem_id="ss-seed")
+        with gr.Column(scale=3):
+            queue = gr.HTML(render_tab_queue([]), js_on_load=CANCEL_JS, elem_id="ss-tab-queue")
+            with gr.Row():
+                preview = gr.Image(label="Live preview", format="jpeg", type="pil", interactive=False, height=256,
+                                   elem_id="ss-preview")
+                if info.output_kind == "video":
+                    media = gr.Video(label="Result", interactive=False, height=256, elem_id="ss-result")
+                else:
+                    media = gr.Image(label="Result", format="png", type="pil", interactive=False, height=256,
+                                     elem_id="ss-result")
+            gallery = gr.Gallery(label="This tab's results (newest first)", columns=6, rows=1, height=190,
+                                 object_fit="contain", format="png", preview=False, allow_preview=True,
+                                 elem_id="ss-gallery")
+    form = SimpleForm(prompt, negative, width, height, steps, guidance, scheduler, batch_count, random_seed, seed,
+                      unknown, generate, cancel)
+    return form, SimplePanel(queue, preview, media, gallery)
+
+
+def unknown_words_text(engine: Engine, prompt: str) -> str:
+    """'The model does not know: ...' when the pipeline can tell which prompt words it never learned."""
+    finder = getattr(engine.pipeline, "unknown_words", None)
+    if finder is None or not prompt or not prompt.strip():
+        return ""
+    words = list(finder(prompt))
+    if not words:
+        return ""
+    listed = ", ".join(f"`{html.escape(word)}`" for word in words)
+    return f'<span class="ss-unknown">The model does not know: {listed}</span>'
+
+
+# ---------------------------------------------------------------------------- wiring
+def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleForm, panel: SimplePanel,
+                    browser_token: gr.BrowserState, live) -> None:
+    """`live`: the page's LiveViews (its `render(session)` and `components`), redrawn with every update."""
+    engine, config = runner.engine, runner.config
+    fps = int(engine.info.extras.get("fps", 16))
+
+    def tab_outputs(session: str) -> dict:
+        runs = runner.registry.runs_of(session)
+        preview = latest_preview(runs)
+        if isinstance(preview, (list, tuple)):  # a video's frames: show the middle one
+            preview = preview[len(preview) // 2] if preview else None
+        finished = results.of(session)
+        outputs = {panel.queue: render_tab_queue(runs), panel.gallery: [item for item in finished],
+                   **live.render(session)}
+        if preview is not None:
+            outputs[panel.preview] = preview_image(preview, config.preview_max_px)
+        if finished:
+            outputs[panel.media] = finished[0][0]
+        return outputs
+
+    async def generate(values: dict, request: gr.Request):
+        session = session_id_of(request)
+        raw = {name: values[getattr(form, name)] for name in (
+            "prompt", "negative_prompt", "width", "height", "steps", "guidance_scale", "scheduler", "batch_count",
+            "random_seed", "seed")}
+        try:
+            run, compiled = runner.start(form_workflow(raw, engine.info.uses_negative_prompt, seed_start(raw)), session)
+        except WorkflowError as exc:
+            raise gr.Error(form_problems(exc), title="Request not accepted") from exc
+        recorded: set[int] = set()
+        first = True
+        async for view in runner.follow(run, owner_for(values[browser_token], session)):
+            for branch in view.branches:
+                if branch.result is not None and branch.branch.index not in recorded:
+                    recorded.add(branch.branch.index)
+                    results.add(session, final_media(branch.result, fps=fps), settings_caption(branch.result))
+            outputs = tab_outputs(session)
+            if first:
+                first = False
+                outputs[form.seed] = view.branches[0].params.seed  # written back, so it can be reused
+            yield outputs
+        failed = [b for b in view.branches if b.state == "failed"]
+        if failed:
+            raise gr.Error(failed[0].message, title="Generation failed")
+
+    inputs = {form.prompt, form.negative_prompt, form.width, form.height, form.steps, form.guidance_scale,
+              form.scheduler, form.batch_count, form.random_seed, form.seed, browser_token}
+    outputs = [panel.queue, panel.preview, panel.media, panel.gallery, form.seed, *live.components]
+    # trigger_mode="multiple": a click while earlier requests run queues more, it is not dropped.
+    for event, name in ((form.generate.click, "ui_generate"), (form.prompt.submit, "ui_generate_on_enter")):
+        event(generate, inputs=inputs, outputs=outputs, concurrency_limit=None, trigger_mode="multiple",
+              api_name=name, api_visibility="private", show_progress="hidden")
+
+    def cancel_all(request: gr.Request) -> dict:
+        session = session_id_of(request)
+        runner.registry.cancel_session(session)
+        return tab_outputs(session)
+
+    def cancel_one(event: gr.EventData, request: gr.Request) -> None:
+        data = event._data if isinstance(event._data, dict) else {}
+        index = data.get("index")
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise gr.Error(f"index must be a request number, got {index!r:.20}.")
+        try:
+            runner.registry.cancel(data.get("run_id"), session_id_of(request), branch=index)
+        except PermissionError as exc:
+            raise gr.Error(str(exc), title="Not your request") from exc
+
+    form.cancel.click(cancel_all, outputs=[panel.queue, panel.preview, panel.media, panel.gallery, *live.components],
+                      queue=False,
+                      api_name="ui_cancel", api_visibility="private", show_progress="hidden")
+    panel.queue.stop(cancel_one, queue=False, api_name="ui_cancel_one", api_visibility="private",
+                     show_progress="hidden")
+    if getattr(engine.pipeline, "unknown_words", None) is not None:
+        form.prompt.change(lambda prompt: unknown_words_text(engine, prompt), inputs=form.prompt,
+                           outputs=form.unknown_words, queue=False, trigger_mode="always_last",
+                           api_name="ui_unknown_words", api_visibility="private", show_progress="hidden")

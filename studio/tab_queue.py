@@ -1,0 +1,115 @@
+"""A tab's own queue: every request it started (Simple tab and workflow runs), one row each with
+its one progress bar, and the tab's results. Pure views over the run registry, so every
+handler of a tab renders the same thing from the same state.
+
+The rows are HTML; a row's × carries its run id and branch index, and the page turns a press
+on it into the component's `stop` event (see `CANCEL_JS`).
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+from collections import OrderedDict, deque
+
+from PIL import Image
+
+from studio.workflow_run import COMPLETED, QUEUED, RUNNING, WAITING, BranchView, WorkflowRun
+
+RESULTS_PER_TAB = 24
+TABS_KEPT = 512  # tabs whose results are kept in memory (the oldest go first)
+
+TAB_QUEUE_CSS = """
+.ss-jobs { display: flex; flex-direction: column; gap: 3px; font-size: 0.85rem; min-height: 2.4rem; }
+.ss-jobs .ss-empty { opacity: 0.7; font-style: italic; }
+.ss-job { display: grid; grid-template-columns: minmax(8rem, 1fr) 9rem 10rem 1.4rem; gap: 8px; align-items: center;
+  padding: 3px 6px; border-radius: 6px; background: var(--background-fill-secondary); }
+.ss-job progress { width: 100%; height: 10px; }
+.ss-job .ss-job-prompt { white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
+.ss-job .ss-job-state { font-variant-numeric: tabular-nums; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
+.ss-job[data-state="failed"] .ss-job-state, .ss-job[data-state="aborted"] .ss-job-state { color: var(--error-text-color, #b91c1c); }
+.ss-job-cancel { cursor: pointer; border: none; background: none; color: var(--error-text-color, #b91c1c);
+  font-weight: 700; font-size: 1rem; padding: 0; }
+"""
+
+# A press on a row's × becomes the component's `stop` event with {run_id, index}. On pointerdown,
+# not click: the rows are redrawn every step, and a click needs the same element under
+# both halves of the press.
+CANCEL_JS = """
+element.addEventListener('pointerdown', (event) => {
+  const button = event.target.closest('[data-cancel-run]');
+  if (!button) return;
+  event.preventDefault();
+  trigger('stop', {run_id: button.dataset.cancelRun, index: Number(button.dataset.index)});
+});
+"""
+
+
+def _state_text(branch: BranchView) -> str:
+    if branch.state == WAITING:
+        return "waiting in this tab"
+    if branch.state == QUEUED:
+        return f"queued, position {branch.position}" if branch.position else "queued"
+    if branch.state == RUNNING:
+        mates = f" · batch of {branch.batch_size}" if branch.batch_size > 1 else ""
+        return f"step {branch.step}/{branch.total}{mates}"
+    if branch.state == COMPLETED:
+        return f"done · {branch.total} steps"
+    return branch.state + (f": {branch.message}" if branch.message else "")
+
+
+def render_tab_queue(runs: list[WorkflowRun]) -> str:
+    """One row per request of the tab's runs, oldest first."""
+    rows = []
+    for run in runs:
+        for branch in run.branches:
+            params = branch.params
+            ended = branch.is_finished
+            cancel = "" if ended else (
+                f'<button class="ss-job-cancel" title="Cancel this request" data-cancel-run="{run.run_id}" '
+                f'data-index="{branch.branch.index}">×</button>')
+            rows.append(
+                f'<div class="ss-job" data-state="{branch.state}" data-step="{branch.step}" data-total="{branch.total}" '
+                f'data-seed="{params.seed}" data-request="{branch.request_id or ""}">'
+                f'<span class="ss-job-prompt" title="{html.escape(params.prompt)}">{html.escape(params.prompt)}</span>'
+                f'<span class="ss-job-meta">seed {params.seed} · {params.width}x{params.height}</span>'
+                f'<span><progress value="{branch.step}" max="{max(branch.total, 1)}"></progress> '
+                f'<span class="ss-job-state">{html.escape(_state_text(branch))}</span></span>{cancel}</div>')
+    if not rows:
+        rows.append('<div class="ss-empty">Nothing queued. Press Generate (or Shift+Enter in the prompt).</div>')
+    return '<div class="ss-jobs">' + "".join(rows) + "</div>"
+
+
+def latest_preview(runs: list[WorkflowRun]):
+    """The newest running request's latest preview (what the tab's preview panel shows)."""
+    for run in reversed(runs):
+        for branch in reversed(run.branches):
+            if branch.state == RUNNING and branch.preview is not None:
+                return branch.preview
+    return None
+
+
+class TabResults:
+    """Each tab's finished results, newest first, kept on the server (every handler of a tab
+    appends to the same list, so clicks that overlap never lose each other's images)."""
+
+    def __init__(self, per_tab: int = RESULTS_PER_TAB, tabs: int = TABS_KEPT) -> None:
+        self._results: OrderedDict[str, deque] = OrderedDict()
+        self._per_tab, self._tabs = per_tab, tabs
+        self._lock = threading.Lock()
+
+    def add(self, session_id: str, media: Image.Image | str, caption: str) -> None:
+        with self._lock:
+            results = self._results.setdefault(session_id, deque(maxlen=self._per_tab))
+            self._results.move_to_end(session_id)
+            results.appendleft((media, caption))
+            while len(self._results) > self._tabs:
+                self._results.popitem(last=False)
+
+    def of(self, session_id: str) -> list[tuple[Image.Image | str, str]]:
+        with self._lock:
+            return list(self._results.get(session_id, ()))
+
+    def forget(self, session_id: str) -> None:
+        with self._lock:
+            self._results.pop(session_id, None)
