@@ -168,6 +168,12 @@ class RequestHandle:
         with self._lock:
             return self._history[-1] if self._history else None
 
+    @property
+    def history(self) -> "tuple[Event, ...]":
+        """Every event emitted so far, in order."""
+        with self._lock:
+            return tuple(self._history)
+
     # --- consumer side ---
     def cancel(self) -> None:
         """Ask the engine to abort this request at the next step boundary (non-blocking)."""

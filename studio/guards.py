@@ -10,6 +10,9 @@
   `studio.throttle` (shared with the HTTP API's key checks).
 - Gradio answers every error of a direct call (/gradio_api/run/..., no queue) with a 500, even
   a gr.Error that says what the caller did wrong. Those become 400; any other failure stays 500.
+- A call of a named endpoint (run, call, queue/join) must send as many values as the endpoint
+  has inputs: Gradio itself fails a short list with a 500 (and a traceback in the log) and
+  silently drops extra values.
 
 The HTTP API's own routes check their bodies themselves (to answer in OpenAI's error shape),
 so /v1/ is left to them.
@@ -20,6 +23,8 @@ from __future__ import annotations
 import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from typing import Mapping
 
 from studio.throttle import FailedAttempts, LockedOut
 
@@ -32,13 +37,20 @@ _FORM_ROUTES = {
 }
 _LOGIN_ROUTES = {"/login", "/login/"}
 _DIRECT_CALLS = ("/gradio_api/run/", "/gradio_api/api/")
+_NAMED_CALLS = ("/gradio_api/run/", "/gradio_api/api/", "/gradio_api/call/v2/", "/gradio_api/call/")
+_QUEUE_JOIN = "/gradio_api/queue/join"
+_MAX_CALL_BODY = 1 << 20  # larger call bodies are passed on unchecked (files go through the upload route)
 _WRONG_LOGIN_STATUS = 400  # what Gradio answers to wrong credentials
 
 
 class StudioGuards:
-    def __init__(self, app: ASGIApp, attempts: FailedAttempts) -> None:
+    def __init__(
+        self, app: ASGIApp, attempts: FailedAttempts, input_counts: Mapping[str | int, frozenset[int]] | None = None
+    ) -> None:
         self.app = app
         self.attempts = attempts
+        # How many values each endpoint takes, by api name and by fn_index (see `input_counts`).
+        self.input_counts = input_counts or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in _UNSAFE or scope["path"].startswith("/v1/"):
@@ -55,10 +67,37 @@ class StudioGuards:
         if scope["path"] in _LOGIN_ROUTES:
             await self._login(scope, receive, send)
             return
+        if scope["path"] == _QUEUE_JOIN or scope["path"].startswith(_NAMED_CALLS):
+            body, complete = await _read_up_to(receive, _MAX_CALL_BODY)
+            problem = self._arity_problem(scope["path"], body) if complete else None  # a huge body: the app's to judge
+            if problem is not None:
+                await _gradio_error(send, problem)
+                return
+            receive = _replay(body, complete, receive)
         if scope["path"].startswith(_DIRECT_CALLS):
             await self.app(scope, receive, _caller_errors_as_400(send))
             return
         await self.app(scope, receive, send)
+
+    def _arity_problem(self, path: str, body: bytes) -> str | None:
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return None  # Gradio answers malformed JSON with a 422 itself
+        if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+            return None
+        if path == _QUEUE_JOIN:
+            key = payload.get("fn_index")
+            if isinstance(key, bool) or not isinstance(key, int):
+                return None
+        else:
+            key = path.rstrip("/").rpartition("/")[2]
+        counts = self.input_counts.get(key)
+        got = len(payload["data"])
+        if counts is None or got in counts:
+            return None
+        wanted = " or ".join(str(n) for n in sorted(counts))
+        return f"this endpoint takes {wanted} values in 'data' (one per input), got {got}."
 
     async def _login(self, scope: Scope, receive: Receive, send: Send) -> None:
         host = scope["client"][0] if scope.get("client") else "unknown"
@@ -80,6 +119,59 @@ class StudioGuards:
             return
         if succeeded:
             self.attempts.succeeded(host)
+
+
+def input_counts(demo) -> dict[str | int, frozenset[int]]:
+    """For each event of a Blocks: how many values a call may send, by api name and by fn_index
+    (all its inputs, or only those the API shows: Gradio fills in the hidden ones)."""
+    counts: dict[str | int, frozenset[int]] = {}
+    for index, fn in demo.fns.items():
+        inputs = list(fn.inputs)
+        shown = [block for block in inputs if not getattr(block, "skip_api", False)]
+        allowed = frozenset({len(inputs), len(shown)})
+        counts[index] = allowed
+        if fn.api_name:
+            counts[fn.api_name] = allowed
+    return counts
+
+
+async def _read_up_to(receive: Receive, limit: int) -> tuple[bytes, bool]:
+    """The request body, read until its end or past `limit` bytes: (what was read, whether it
+    is the whole body)."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks), True
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks), True
+        if size > limit:
+            return b"".join(chunks), False
+
+
+def _replay(body: bytes, complete: bool, receive: Receive) -> Receive:
+    """A receive that gives the app the body read already, then the client's next messages."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": not complete}
+        return await receive()
+
+    return replay
+
+
+async def _gradio_error(send: Send, message: str) -> None:
+    """A 400 in the shape Gradio gives a gr.Error (gradio_client shows `error` as the message)."""
+    body = json.dumps({"error": message, "duration": 10, "visible": True, "title": "Bad request"}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 400, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _caller_errors_as_400(send: Send) -> Send:

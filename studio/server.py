@@ -33,7 +33,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from engine import Engine
 from studio.config import StudioOptions
-from studio.guards import StudioGuards
+from studio.guards import StudioGuards, input_counts
 from studio.http_api import HttpApiConfig, build_router
 from studio.throttle import FailedAttempts
 from studio.ui import STUDIO_CSS, build_ui
@@ -91,7 +91,7 @@ def build_app(engine: Engine, config: StudioOptions) -> fastapi.FastAPI:
         footer_links=["api", "gradio"],
         show_error=False,  # a gr.Error's message is shown; an unexpected exception's text is not
     )
-    app.add_middleware(StudioGuards, attempts=attempts)
+    app.add_middleware(StudioGuards, attempts=attempts, input_counts=input_counts(demo))
     app.state.attempts = attempts
     # The Gradio app that really serves the page (demo.app is another one, made by queue()).
     app.state.gradio_app = next(route.app for route in app.routes if isinstance(route, Mount) and route.path == "")

@@ -1,0 +1,407 @@
+"""Stress: many requests through the HTTP API and gradio_client at once, with cancels,
+disconnects, injected faults and hostile sizes; then an engine crash. Checks that nothing
+hangs or leaks.
+
+    python benchmarks/stress.py                       # 1,000 requests, then a crash
+    python benchmarks/stress.py --requests 120 --workers 8 --json out.json
+
+One studio (the toy model behind the real app: HTTP API, Gradio, guards) serves every call
+in this process. Each worker thread sends a random mix:
+
+- normal requests (1-12 steps, 32 or 64 px) over HTTP and over gradio_client;
+- cancels: gradio_client's /cancel with the request id once it runs;
+- disconnects: an HTTP caller that hangs up mid-request, a page (Gradio queue stream) that
+  closes mid-request;
+- injected faults: "[fail:<method>]" in each protocol method, "[nan]" latents;
+- hostile input: sizes over the limit, not a multiple of 8, zero steps, words for numbers.
+
+Invariants (the run fails loudly if one breaks):
+
+- every call is answered (an HTTP status or a gradio result/error) within its timeout: 0 hangs;
+- every request the engine accepted sent exactly one final event, and the engine's counters
+  agree: submitted == completed + aborted + failed;
+- nothing is left in the engine: no request in flight, no request state, an empty queue view;
+- resident memory stays bounded (reported: start, peak and end);
+- after the mix, a crash of the engine thread: every waiting caller is answered (HTTP 503
+  engine_failed, gr.Error), new calls get 503, and the server stops by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import re
+import socket
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+CALL_TIMEOUT_S = 60.0
+FAULTS = ("[fail:prepare_encode]", "[fail:denoise_step]", "[fail:step_scheduler]", "[fail:post_decode]", "[nan]")
+HOSTILE = (  # (field, value) for the gradio form; the HTTP API gets the same as a size or steps
+    ("width", 4096), ("width", 63), ("height", 100_000), ("steps", 0), ("steps", 5000), ("width", "abc"),
+)
+KINDS = ("http", "http_disconnect", "gradio", "gradio_cancel", "gradio_disconnect", "fault", "hostile")
+WEIGHTS = (30, 8, 20, 10, 6, 14, 12)
+
+
+@dataclass
+class Outcome:
+    kind: str
+    via: str  # "http" | "gradio"
+    answer: str  # what the caller got: "completed", "rejected", "failed", "aborted", "disconnected", "hang", "wrong"
+    detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class Report:
+    requests: int
+    workers: int
+    seconds: float = 0.0
+    answers: dict = field(default_factory=dict)  # answer -> count
+    by_kind: dict = field(default_factory=dict)  # kind -> {answer: count}
+    engine: dict = field(default_factory=dict)  # the engine's own counters at the end
+    final_events_per_request: dict = field(default_factory=dict)  # how many final events -> how many requests
+    rss_mb: dict = field(default_factory=dict)  # start, peak, end
+    crash: dict = field(default_factory=dict)
+    problems: list = field(default_factory=list)  # broken invariants (empty = pass)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+# ---------------------------------------------------------------------------- the studio
+class RecordingEngine:
+    """Wraps Engine.submit to keep every accepted handle (to count its final events later)."""
+
+    def __init__(self, engine) -> None:
+        self.handles = []
+        self._lock = threading.Lock()
+        submit = engine.submit
+
+        def recording_submit(*args, **kwargs):
+            handle = submit(*args, **kwargs)
+            with self._lock:
+                self.handles.append(handle)
+            return handle
+
+        engine.submit = recording_submit
+
+
+def start_studio(step_delay_s: float):
+    from engine import Engine
+    from pipelines.toy import ToyPipeline
+    from studio.config import StudioOptions
+    from studio.server import StudioServer, build_app
+
+    config = StudioOptions(model="toy", port=0, preview_every=2, max_size=64, max_steps=50, max_per_session=64,
+                           max_session_cost=None, shutdown_timeout_s=5.0)
+    engine = Engine(ToyPipeline(step_delay_s=step_delay_s), mode="step", max_batch_requests=8, limits=config.limits)
+    recorder = RecordingEngine(engine)
+    engine.start()
+    app = build_app(engine, config)
+    server = StudioServer(app, "127.0.0.1", 0).start()
+    generate_index = next(i for i, fn in app.state.demo.fns.items() if fn.api_name == "generate")
+    return server, engine, recorder, generate_index
+
+
+# ---------------------------------------------------------------------------- callers
+def _classify_http(status: int, body: str) -> str:
+    if status == 200:
+        return "completed"
+    if 400 <= status < 500:
+        return "rejected"
+    if status == 503 and "request_aborted" in body:
+        return "aborted"
+    if status in (500, 503):
+        return "failed"
+    return "wrong"
+
+
+def call_http(url: str, rng: random.Random, kind: str) -> Outcome:
+    import httpx
+
+    body: dict = {"prompt": f"stress {rng.random():.6f}", "num_inference_steps": rng.randint(1, 12),
+                  "size": rng.choice(["32x32", "64x64"]), "n": rng.choice([1, 1, 1, 2])}
+    if kind == "fault":
+        body["prompt"] += " " + rng.choice(FAULTS)
+    elif kind == "hostile":
+        field_, value = rng.choice(HOSTILE)
+        if field_ == "steps":
+            body["num_inference_steps"] = value
+        else:
+            body["size"] = f"{value}x64" if isinstance(value, int) else str(value)
+    response = httpx.post(url + "v1/images/generations", json=body, timeout=CALL_TIMEOUT_S)
+    return Outcome(kind, "http", _classify_http(response.status_code, response.text), str(response.status_code))
+
+
+def call_http_disconnect(url: str, rng: random.Random) -> Outcome:
+    host, port = re.match(r"http://([^:/]+):(\d+)/", url).groups()
+    payload = json.dumps({"prompt": f"leaves {rng.random():.6f}", "num_inference_steps": rng.randint(8, 40)}).encode()
+    head = (f"POST /v1/images/generations HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n").encode()
+    with socket.create_connection((host, int(port)), timeout=CALL_TIMEOUT_S) as sock:
+        sock.sendall(head + payload)
+        time.sleep(rng.uniform(0.0, 0.05))  # hang up somewhere in the middle
+    return Outcome("http_disconnect", "http", "disconnected")
+
+
+def gradio_arguments(rng: random.Random, kind: str) -> dict:
+    arguments = dict(prompt=f"page {rng.random():.6f}", negative_prompt="", width=rng.choice([32, 64]),
+                     height=64, steps=rng.randint(1, 12), guidance_scale=1.0, seed=-1)
+    if kind == "fault":
+        arguments["prompt"] += " " + rng.choice(FAULTS)
+    elif kind == "hostile":
+        field_, value = rng.choice(HOSTILE)
+        arguments[field_] = value
+    elif kind == "gradio_cancel":
+        arguments["steps"] = rng.randint(20, 50)
+    return arguments
+
+
+def call_gradio(client, rng: random.Random, kind: str) -> Outcome:
+    from gradio_client.exceptions import AppError
+
+    job = client.submit(**gradio_arguments(rng, kind), api_name="/generate")
+    if kind == "gradio_cancel":
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        request_id = None
+        while request_id is None and not job.done() and time.monotonic() < deadline:
+            statuses = [out[0] for out in job.outputs() if isinstance(out[0], dict)]
+            request_id = statuses[-1]["request_id"] if statuses else None
+            time.sleep(0.005)
+        if request_id is not None:
+            client.predict(request_id, api_name="/cancel")
+    try:
+        status = job.result(timeout=CALL_TIMEOUT_S)[0]
+    except AppError as error:
+        text = str(error)
+        return Outcome(kind, "gradio", "rejected" if "not accepted" in text.lower() or "must be" in text
+                       or "above this server" in text or "out of range" in text else "failed", text[:120])
+    except TimeoutError:
+        return Outcome(kind, "gradio", "hang")
+    return Outcome(kind, "gradio", {"completed": "completed", "aborted": "aborted"}.get(status["state"], "wrong"),
+                   status["state"])
+
+
+def call_gradio_disconnect(url: str, rng: random.Random, fn_index: int) -> Outcome:
+    """A page that joins the queue, reads its event stream for a moment and closes (a closed tab)."""
+    import httpx
+
+    session = f"stress-{rng.getrandbits(64):x}"
+    data = [f"tab {rng.random():.6f}", "", 64, 64, rng.randint(8, 40), 1.0, -1]
+    with httpx.Client(base_url=url, timeout=CALL_TIMEOUT_S) as http:
+        joined = http.post("gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session,
+                                                          "event_data": None, "trigger_id": None})
+        if joined.status_code != 200:
+            return Outcome("gradio_disconnect", "gradio", "wrong", joined.text[:120])
+        with http.stream("GET", "gradio_api/queue/data", params={"session_hash": session}) as stream:
+            for index, _ in enumerate(stream.iter_lines()):
+                if index >= rng.randint(1, 6):
+                    break  # the tab closes
+    return Outcome("gradio_disconnect", "gradio", "disconnected")
+
+
+def worker(url: str, fn_index: int, count: int, seed: int, outcomes: list, lock: threading.Lock) -> None:
+    from gradio_client import Client
+
+    rng = random.Random(seed)
+    client = Client(url, verbose=False)
+    for _ in range(count):
+        kind = rng.choices(KINDS, WEIGHTS)[0]
+        via_gradio = kind.startswith("gradio") or (kind in ("fault", "hostile") and rng.random() < 0.5)
+        started = time.monotonic()
+        try:
+            if kind == "http_disconnect":
+                outcome = call_http_disconnect(url, rng)
+            elif kind == "gradio_disconnect":
+                outcome = call_gradio_disconnect(url, rng, fn_index)
+            elif via_gradio:
+                outcome = call_gradio(client, rng, kind)
+            else:
+                outcome = call_http(url, rng, kind)
+        except Exception as error:  # noqa: BLE001 - a timeout or a broken answer: recorded, never raised
+            answer = "hang" if "timeout" in type(error).__name__.lower() or "Timeout" in str(error) else "wrong"
+            outcome = Outcome(kind, "gradio" if via_gradio else "http", answer, f"{type(error).__name__}: {error}"[:160])
+        outcome.seconds = time.monotonic() - started
+        with lock:
+            outcomes.append(outcome)
+
+
+# ---------------------------------------------------------------------------- the crash phase
+def crash_phase(url: str, engine, server) -> dict:
+    """Two callers wait on long requests; a third request crashes the engine thread."""
+    import httpx
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    answers: dict = {}
+    client = Client(url, verbose=False)
+    job = client.submit(prompt="waits for the crash", negative_prompt="", width=64, height=64, steps=50,
+                        guidance_scale=1.0, seed=1, api_name="/generate")
+
+    def http_call() -> None:
+        response = httpx.post(url + "v1/images/generations", json={"prompt": "waits too", "num_inference_steps": 50},
+                              timeout=CALL_TIMEOUT_S)
+        answers["http_waiting"] = response.status_code, response.json()["error"]["code"]
+
+    waiting = threading.Thread(target=http_call)
+    waiting.start()
+    deadline = time.monotonic() + 30
+    while len(engine.snapshot().running) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    crash = httpx.post(url + "v1/images/generations", json={"prompt": "[crash] the engine"}, timeout=CALL_TIMEOUT_S)
+    answers["http_crasher"] = crash.status_code, crash.json()["error"]["code"]
+    waiting.join(CALL_TIMEOUT_S)
+    try:
+        job.result(timeout=CALL_TIMEOUT_S)
+        answers["gradio_waiting"] = "no error"
+    except AppError as error:
+        answers["gradio_waiting"] = "gr.Error: " + str(error)[:80]
+    try:
+        late = httpx.post(url + "v1/images/generations", json={"prompt": "after the crash"}, timeout=10)
+        answers["http_after"] = late.status_code, late.json()["error"]["code"]
+    except httpx.TransportError:  # the server has stopped already: also an answer
+        answers["http_after"] = "connection refused (server stopped)"
+    server._thread.join(30)
+    answers["server_stopped"] = not server._thread.is_alive()
+    answers["engine_failure"] = engine.failure
+    return answers
+
+
+# ---------------------------------------------------------------------------- the run
+def run(requests: int = 1000, workers: int = 16, seed: int = 0, step_delay_s: float = 0.002,
+        crash: bool = True) -> Report:
+    import logging
+
+    logging.disable(logging.CRITICAL)  # injected faults log tracebacks by design; the report says it all
+    report = Report(requests=requests, workers=workers)
+    server, engine, recorder, fn_index = start_studio(step_delay_s)
+    report.rss_mb["start"] = round(rss_mb(), 1)
+    peak = [report.rss_mb["start"]]
+    sampling = threading.Event()
+
+    def sample_rss() -> None:
+        while not sampling.wait(0.2):
+            peak.append(rss_mb())
+
+    threading.Thread(target=sample_rss, daemon=True).start()
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+    shares = [requests // workers + (1 if i < requests % workers else 0) for i in range(workers)]
+    started = time.monotonic()
+    threads = [threading.Thread(target=worker, args=(server.url, fn_index, n, seed * 1000 + i, outcomes, lock))
+               for i, n in enumerate(shares)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(CALL_TIMEOUT_S * (max(shares) + 1))
+    report.seconds = round(time.monotonic() - started, 2)
+
+    # Disconnected callers' requests end at the engine's next step boundary: let it settle.
+    deadline = time.monotonic() + 30
+    while (engine.requests_in_flight or engine.snapshot().requests) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sampling.set()
+    report.rss_mb.update(peak=round(max(peak), 1), end=round(rss_mb(), 1))
+    report.answers = dict(collections.Counter(o.answer for o in outcomes))
+    by_kind: dict = collections.defaultdict(collections.Counter)
+    for outcome in outcomes:
+        by_kind[f"{outcome.kind}/{outcome.via}"][outcome.answer] += 1
+    report.by_kind = {kind: dict(counts) for kind, counts in sorted(by_kind.items())}
+    check_invariants(report, outcomes, engine, recorder, requests, threads)
+    if crash:
+        report.crash = crash_phase(server.url, engine, server)
+        check_crash(report)
+    else:
+        server.stop()
+    engine.close()
+    logging.disable(logging.NOTSET)
+    return report
+
+
+def check_invariants(report: Report, outcomes: list, engine, recorder, requests: int, threads) -> None:
+    problems = report.problems
+    if any(thread.is_alive() for thread in threads):
+        problems.append("a worker thread never finished")
+    if len(outcomes) != requests:
+        problems.append(f"{requests} calls sent, {len(outcomes)} answered")
+    for answer in ("hang", "wrong"):
+        if report.answers.get(answer):
+            examples = [o.detail for o in outcomes if o.answer == answer][:3]
+            problems.append(f"{report.answers[answer]} calls got '{answer}': {examples}")
+    metric = engine.metrics.registry.get_sample_value
+    finished = {s: metric("stepstudio_requests_finished_total", {"status": s}) for s in ("completed", "aborted", "error")}
+    submitted = metric("stepstudio_requests_submitted_total")
+    report.engine = {"submitted": submitted, **finished,
+                     "rejected": {r: metric("stepstudio_requests_rejected_total", {"reason": r})
+                                  for r in ("invalid", "queue_full", "session_limit", "closed")},
+                     "in_flight": engine.requests_in_flight, "states_in_memory": engine.states_in_memory,
+                     "queue_view": len(engine.snapshot().requests)}
+    if submitted != sum(finished.values()):
+        problems.append(f"the engine accepted {submitted} requests but finished {sum(finished.values())}")
+    if engine.requests_in_flight or engine.states_in_memory or engine.snapshot().requests:
+        problems.append(f"left in the engine: {report.engine}")
+    from engine.events import FINAL_EVENTS
+
+    finals = collections.Counter(sum(isinstance(e, FINAL_EVENTS) for e in handle.history) for handle in recorder.handles)
+    report.final_events_per_request = {str(k): v for k, v in sorted(finals.items())}
+    if set(finals) - {1}:
+        problems.append(f"requests without exactly one final event: {dict(finals)}")
+    if len(recorder.handles) != submitted:
+        problems.append(f"{len(recorder.handles)} handles recorded, the engine counted {submitted}")
+    growth = report.rss_mb["end"] - report.rss_mb["start"]
+    if growth > 300:
+        problems.append(f"resident memory grew by {growth:.0f} MB")
+
+
+def check_crash(report: Report) -> None:
+    crash = report.crash
+    expected = {"http_waiting": (503, "engine_failed"), "http_crasher": (503, "engine_failed")}
+    for name, answer in expected.items():
+        if tuple(crash.get(name, ())) != answer:
+            report.problems.append(f"crash phase: {name} got {crash.get(name)!r}, expected {answer}")
+    if not str(crash.get("gradio_waiting", "")).startswith("gr.Error"):
+        report.problems.append(f"crash phase: the page got {crash.get('gradio_waiting')!r}")
+    if crash.get("http_after") not in ((503, "engine_failed"), "connection refused (server stopped)"):
+        report.problems.append(f"crash phase: a call after the crash got {crash.get('http_after')!r}")
+    if not crash.get("server_stopped"):
+        report.problems.append("crash phase: the server kept running after the engine crashed")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--step-delay", type=float, default=0.002, help="seconds per toy forward")
+    parser.add_argument("--no-crash", action="store_true", help="skip the engine-crash phase")
+    parser.add_argument("--json", default=None, help="write the report here")
+    args = parser.parse_args()
+    report = run(args.requests, args.workers, args.seed, args.step_delay, crash=not args.no_crash)
+    text = json.dumps(asdict(report), indent=2, default=str)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text)
+    print("PASS" if report.ok else "FAIL: " + "; ".join(report.problems))
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

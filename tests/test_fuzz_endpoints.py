@@ -1,0 +1,195 @@
+"""Fuzz every endpoint with bad input (hypothesis, 520 cases in all): each one must get a clear
+client error, a 4xx with a message (OpenAI's shape on /v1) or a gr.Error, never a 5xx, a hang
+or a silent success, and the studio must serve a good request afterwards."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine import Engine
+from pipelines.toy import ToyPipeline
+from studio.config import StudioOptions
+from studio.server import StudioServer, build_app
+
+SETTINGS = dict(deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+TALLY: dict[str, int] = {}
+
+
+@pytest.fixture(scope="module")
+def studio():
+    config = StudioOptions(model="toy", port=0, max_steps=50, preview_every=0)
+    engine = Engine(ToyPipeline(), limits=config.limits).start()
+    server = StudioServer(build_app(engine, config), "127.0.0.1", 0).start()
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        yield http, engine
+    server.stop()
+    engine.close()
+    assert sum(TALLY.values()) >= 500, TALLY
+
+
+def _count(name: str) -> None:
+    TALLY[name] = TALLY.get(name, 0) + 1
+
+
+def _assert_openai_4xx(response: httpx.Response) -> None:
+    assert 400 <= response.status_code < 500, (response.status_code, response.text[:300])
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"], error
+
+
+# ---------------------------------------------------------------------------- bad generation bodies
+def _not_valid_size(text: str) -> bool:
+    match = re.fullmatch(r"(\d{1,5})x(\d{1,5})", text)
+    if text == "auto" or match is None:
+        return text != "auto"
+    width, height = (int(v) for v in match.groups())
+    return not (8 <= width <= 64 and 8 <= height <= 64 and width % 8 == 0 and height % 8 == 0)
+
+
+_JUNK = st.one_of(st.none(), st.booleans(), st.floats(allow_nan=False), st.lists(st.integers(), max_size=3),
+                  st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+BAD_FIELDS = {
+    "prompt": st.one_of(st.just(""), st.text(" \t\n", min_size=1, max_size=5), st.text(min_size=2001, max_size=2100),
+                        st.integers(), _JUNK.filter(lambda v: v is not None)),
+    "n": st.one_of(st.integers(max_value=0), st.integers(min_value=9), st.text(max_size=3), st.floats(), st.booleans()),
+    "size": st.one_of(st.text(max_size=12).filter(_not_valid_size), st.integers(), st.booleans()),
+    "num_inference_steps": st.one_of(st.integers(max_value=0), st.integers(min_value=51), st.floats(),
+                                     st.text(max_size=3), st.booleans()),
+    "guidance_scale": st.one_of(st.floats(max_value=-0.001), st.floats(min_value=100.001), st.text(max_size=3),
+                                st.booleans()),
+    "seed": st.one_of(st.integers(max_value=-1), st.integers(min_value=2**63), st.floats(), st.text(max_size=3)),
+    "response_format": st.text(max_size=10).filter(lambda v: v not in ("b64_json", "url")),
+    "model": st.text(min_size=1, max_size=20).filter(lambda v: v != "toy"),
+    "negative_prompt": st.one_of(st.text(min_size=2001, max_size=2050), st.integers(), st.booleans()),
+    "output_format": st.text(max_size=5).filter(lambda v: v != "png"),
+}
+_bad_field = st.sampled_from(sorted(BAD_FIELDS)).flatmap(lambda name: st.tuples(st.just(name), BAD_FIELDS[name]))
+_unknown_field = st.text(min_size=1, max_size=12).filter(lambda k: k not in BAD_FIELDS and k != "user")
+BAD_BODIES = st.one_of(
+    _bad_field.map(lambda item: json.dumps({"prompt": "a red circle", item[0]: item[1]}).encode()),
+    st.tuples(_unknown_field, _JUNK).map(lambda item: json.dumps({"prompt": "a cat", item[0]: item[1]}).encode()),
+    st.binary(max_size=40).filter(lambda b: not b.strip().startswith(b"{")),  # not JSON, or not an object
+    _JUNK.map(lambda v: json.dumps(v).encode()),  # JSON, not an object
+)
+
+
+@settings(max_examples=240, **SETTINGS)
+@given(body=BAD_BODIES)
+def test_bad_generation_bodies_get_an_openai_4xx(studio, body):
+    http, engine = studio
+    response = http.post("/v1/images/generations", content=body, headers={"content-type": "application/json"})
+    _assert_openai_4xx(response)
+    _count("generations")
+
+
+@settings(max_examples=30, **SETTINGS)
+@given(content_type=st.sampled_from(["text/plain", "application/x-www-form-urlencoded", "multipart/form-data",
+                                     "text/html", ""]), body=st.binary(max_size=30))
+def test_bodies_that_are_not_json_are_refused(studio, content_type, body):
+    http, _ = studio
+    headers = {"content-type": content_type} if content_type else {}
+    response = http.post("/v1/images/generations", content=body, headers=headers)
+    _assert_openai_4xx(response)
+    assert response.status_code == 415
+    _count("content types")
+
+
+# ---------------------------------------------------------------------------- other /v1 routes
+_segment = st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126, exclude_characters="/?#%"),
+                   min_size=1, max_size=12)
+
+
+@settings(max_examples=70, **SETTINGS)
+@given(method=st.sampled_from(["GET", "POST", "PUT", "PATCH", "DELETE"]),
+       path=st.lists(_segment, min_size=1, max_size=3).map("/".join))
+def test_unknown_v1_routes_get_an_openai_4xx(studio, method, path):
+    http, _ = studio
+    if path in ("models", "models/toy", "openapi.json", "images/generations") or path.startswith("images/files/"):
+        path = "x/" + path  # only unknown routes here
+    response = http.request(method, f"/v1/{path}", content=b"{}" if method != "GET" else None,
+                            headers={"content-type": "application/json"})
+    _assert_openai_4xx(response)
+    _count("v1 routes")
+
+
+@settings(max_examples=30, **SETTINGS)
+@given(name=_segment)
+def test_unknown_models_and_image_files_get_404(studio, name):
+    http, _ = studio
+    for path in (f"/v1/models/{name}x", f"/v1/images/files/{name}"):
+        response = http.get(path)
+        _assert_openai_4xx(response)
+        assert response.status_code == 404
+    _count("models and files")
+
+
+# ---------------------------------------------------------------------------- the Gradio API
+GOOD_FORM = ["a red circle", "", 64, 64, 4, 1.0, -1]
+BAD_FORM_VALUES = {
+    0: st.one_of(st.just(""), st.text(" ", min_size=1, max_size=3), st.text(min_size=2001, max_size=2010)),
+    2: st.one_of(st.integers(max_value=7), st.integers(min_value=65), st.integers(9, 63).filter(lambda v: v % 8),
+                 st.text(min_size=1, max_size=3).filter(lambda v: not v.strip().lstrip("+-").replace(".", "").isdigit()),
+                 st.floats(0.1, 63.9).filter(lambda v: not v.is_integer()), st.booleans(), st.lists(st.integers(), min_size=1)),
+    4: st.one_of(st.integers(max_value=0), st.integers(min_value=51), st.floats(0.1, 40).filter(lambda v: not v.is_integer()),
+                 st.booleans()),
+    5: st.one_of(st.floats(max_value=-0.01), st.floats(min_value=100.01, max_value=1e30), st.just("NaN"), st.booleans()),
+    6: st.one_of(st.floats(0.5, 1e6).filter(lambda v: not v.is_integer()), st.integers(min_value=2**63),
+                 st.dictionaries(st.text(max_size=2), st.integers(), min_size=1, max_size=1)),
+}
+BAD_FORMS = st.one_of(
+    st.sampled_from(sorted(BAD_FORM_VALUES)).flatmap(
+        lambda index: BAD_FORM_VALUES[index].map(lambda value: [*GOOD_FORM[:index], value, *GOOD_FORM[index + 1:]])),
+    st.lists(st.integers(), max_size=6),  # too few values
+    st.lists(st.integers(), min_size=8, max_size=9),  # too many
+)
+
+
+def _gradio_error_message(http: httpx.Client, data: list) -> str:
+    """Call /generate through Gradio's call API; the gr.Error message it answers with."""
+    # Python's json writes NaN and Infinity, and Gradio's reader takes them: so may a caller.
+    posted = http.post("gradio_api/call/generate", content=json.dumps({"data": data}),
+                       headers={"content-type": "application/json"})
+    if posted.status_code != 200:
+        assert 400 <= posted.status_code < 500, posted.text[:300]
+        return posted.json()["error"]
+    events = http.get(f"gradio_api/call/generate/{posted.json()['event_id']}").text
+    assert events.startswith("event: error"), events[:300]
+    payload = json.loads(events.partition("data:")[2].strip().splitlines()[0])
+    return payload["error"]
+
+
+@settings(max_examples=90, **SETTINGS)
+@given(data=BAD_FORMS)
+def test_bad_generate_calls_get_a_gradio_error_with_a_message(studio, data):
+    http, engine = studio
+    message = _gradio_error_message(http, data)
+    assert isinstance(message, str) and len(message) > 10, message
+    _count("gradio generate")
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(value=st.one_of(st.integers(), st.floats(), st.booleans(), st.none(),
+                       st.lists(st.text(max_size=3), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)),
+       extra=st.booleans())
+def test_bad_cancel_calls_get_a_clear_400(studio, value, extra):
+    http, _ = studio
+    data = [value, value] if extra else [value]
+    response = http.post("gradio_api/run/cancel", content=json.dumps({"data": data, "session_hash": "fuzz"}),
+                         headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text[:300]
+    assert len(response.json()["error"]) > 10
+    _count("gradio cancel")
+
+
+def test_the_studio_still_serves_after_the_fuzzing(studio):
+    http, engine = studio
+    ok = http.post("/v1/images/generations", json={"prompt": "still here", "num_inference_steps": 2})
+    assert ok.status_code == 200
+    assert engine.is_alive and engine.requests_in_flight == 0 and engine.states_in_memory == 0
+    assert sum(TALLY.values()) >= 500, TALLY
