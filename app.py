@@ -109,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "the HTTP API wants one and each key is its own session")
     server.add_argument("--api-keys-file", default=None, metavar="PATH",
                         help="a file of NAME:KEY lines, as --api-key (keeps keys out of the process list)")
+    outputs = parser.add_argument_group("outputs")
+    outputs.add_argument("--outputs", default=defaults.outputs, metavar="DIR",
+                         help="save every finished image (PNG with its settings) and video (MP4) here; "
+                              "the History tab lists them")
+    outputs.add_argument("--no-save", action="store_true", help="save nothing (the History tab stays empty)")
     server.add_argument("--show-prompts", action="store_true",
                         help="show every session's prompt in the queue view (default: only your own)")
     return parser
@@ -120,7 +125,7 @@ def config_from_args(args: argparse.Namespace) -> StudioOptions:
         share=args.share, auth=parse_auth(args.auth), preview_every=args.preview_every, max_steps=args.max_steps,
         max_size=args.max_size, max_per_session=args.max_per_session, max_branches=args.max_branches,
         show_prompts=args.show_prompts, max_session_cost=args.max_session_cost,
-        device=args.device, dtype=args.dtype, compile=args.compile, prompt_cache=args.prompt_cache,
+        outputs=None if args.no_save else args.outputs, device=args.device, dtype=args.dtype, compile=args.compile, prompt_cache=args.prompt_cache,
         api_keys=tuple([parse_api_key(text) for text in args.api_key or []]
                        + (read_api_keys_file(args.api_keys_file) if args.api_keys_file else [])),
     )

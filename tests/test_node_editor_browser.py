@@ -34,13 +34,14 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def studio():
+def studio(tmp_path_factory):
     defaults = ModelDefaults(width=64, height=64, num_inference_steps=STEPS, guidance_scale=1.0)
     pipeline = ToyPipeline(step_delay_s=STEP_DELAY_S, defaults=defaults)
-    config = StudioOptions(model="toy", port=0, preview_every=2, max_per_session=8)
+    config = StudioOptions(model="toy", port=0, preview_every=2, max_per_session=8,
+                           outputs=str(tmp_path_factory.mktemp("outputs")))
     engine = Engine(pipeline, mode=config.mode, max_batch=config.max_batch, limits=config.limits).start()
     server = StudioServer(build_app(engine, config), "127.0.0.1", 0).start()
-    yield server, engine, pipeline
+    yield server, engine, pipeline, Path(config.outputs)
     server.stop()
     engine.close()
 
@@ -240,3 +241,23 @@ def test_delete_undo_zoom_pan_save_and_upload(page, tmp_path):
     page.reload()
     page.wait_for_selector("#ss-node-editor .drawflow-node")
     assert len(nodes(page)) == 2 and links(page) == 1
+
+
+def test_a_saved_png_opens_its_workflow(page, studio):
+    outputs = studio[3]
+    before = set(outputs.rglob("*.png"))
+    page.select_option(".sse-examples", "example:seed-batch-2x2")
+    page.wait_for_function("() => document.querySelectorAll('.sse-canvas .drawflow-node').length == 5")
+    original = editor_workflow(page)
+    page.click("[data-action='run']")
+    page.wait_for_selector(".sse-root[data-run-state='completed']", timeout=60_000)
+    saved = sorted(set(outputs.rglob("*.png")) - before)
+    assert len(saved) == 4
+    page.click("[data-action='clear']")
+    assert nodes(page) == []
+    page.set_input_files(".sse-file", str(saved[0]))  # what dropping the file on the canvas does
+    page.wait_for_function("() => document.querySelectorAll('.sse-canvas .drawflow-node').length == 5")
+    reopened = editor_workflow(page)
+    by_type = lambda w: sorted((n["type"], json.dumps(n["values"], sort_keys=True)) for n in w["nodes"])  # noqa: E731
+    assert by_type(reopened) == by_type(original)
+    assert len(reopened["links"]) == len(original["links"]) == 4

@@ -94,3 +94,12 @@ def test_saving_off_writes_nothing(tmp_path):
     store = OutputStore(None, model="m")
     assert not store.enabled and store.save(completed(), owner_key("x" * 20)) is None
     assert store.history(owner_key("x" * 20)) == []
+
+
+def test_the_command_line_chooses_the_folder_or_turns_saving_off(tmp_path):
+    import app
+
+    parse = lambda *argv: app.config_from_args(app.build_parser().parse_args(list(argv)))  # noqa: E731
+    assert parse().outputs == "outputs"
+    assert parse("--outputs", str(tmp_path)).outputs == str(tmp_path)
+    assert parse("--outputs", str(tmp_path), "--no-save").outputs is None

@@ -19,18 +19,21 @@ from engine import Engine
 from pipelines.toy import ToyPipeline
 from studio.config import StudioOptions
 from studio.server import StudioServer, build_app
+from studio.outputs import parse_infotext, png_texts
 from studio.workflow_ui import EXAMPLES_DIR
 
 STEP_DELAY_S = 0.02
 
 
 @pytest.fixture(scope="module")
-def studio():
+def studio(tmp_path_factory):
     pipeline = ToyPipeline(step_delay_s=STEP_DELAY_S)
-    config = StudioOptions(model="toy", port=0, preview_every=2, max_size=256, max_steps=60, max_per_session=8)
+    outputs = tmp_path_factory.mktemp("outputs")
+    config = StudioOptions(model="toy", port=0, preview_every=2, max_size=256, max_steps=60, max_per_session=8,
+                           outputs=str(outputs))
     engine = Engine(pipeline, mode=config.mode, max_batch=config.max_batch, limits=config.limits).start()
     server = StudioServer(build_app(engine, config), "127.0.0.1", 0).start()
-    yield server, engine, pipeline
+    yield server, engine, pipeline, outputs
     server.stop()
     engine.close()
 
@@ -188,3 +191,31 @@ def test_the_branch_limit_comes_from_the_command_line(studio):
     limits = workflow_limits(studio[1], config)
     assert limits.max_branches == 3
     assert (limits.max_steps, limits.size_multiple, limits.uses_negative_prompt) == (60, 8, False)
+
+
+def test_every_branch_is_saved_with_its_settings_and_the_workflow(client, studio):
+    outputs = studio[3]
+    before = set(outputs.rglob("*.png"))
+    workflow = xy_workflow(steps="3", guidance="1, 2")
+    status, images, _ = client.predict(workflow=workflow, api_name="/run_workflow")
+    saved = sorted(set(outputs.rglob("*.png")) - before)
+    assert len(saved) == 2
+    texts = [png_texts(path) for path in saved]
+    by_guidance = {parse_infotext(t["parameters"])["guidance_scale"]: t for t in texts}
+    assert set(by_guidance) == {1.0, 2.0}
+    for branch in status["branches"]:
+        settings = parse_infotext(by_guidance[branch["guidance_scale"]]["parameters"])
+        assert (settings["prompt"], settings["seed"], settings["num_inference_steps"]) == (
+            "a red circle", branch["seed"], 3)
+        assert json.loads(by_guidance[branch["guidance_scale"]]["workflow"])["nodes"][0]["values"] == {
+            "text": "a red circle"}
+
+
+def test_generate_saves_its_image_too(client, studio):
+    outputs = studio[3]
+    before = set(outputs.rglob("*.png"))
+    status, _, image = client.predict(prompt="a saved circle", negative_prompt="", width=64, height=64, steps=3,
+                                      guidance_scale=1.0, seed=99, api_name="/generate")
+    (saved,) = set(outputs.rglob("*.png")) - before
+    assert parse_infotext(png_texts(saved)["parameters"])["seed"] == 99 and "workflow" not in png_texts(saved)
+    assert Image.open(saved).tobytes() == Image.open(image).tobytes()
