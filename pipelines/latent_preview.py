@@ -108,25 +108,30 @@ def projection_for(vae, studio: StudioConfig, vae_scale_factor: int) -> LatentRg
     return fit_projection(vae, vae_scale_factor)
 
 
-def _gradient_images(count: int, size: int, seed: int = 0) -> torch.Tensor:
+def gradient_images(count: int, size: int, seed: int = 0) -> torch.Tensor:
     """`count` images in [-1, 1], each a bilinear blend of four random corner colours."""
     generator = torch.Generator().manual_seed(seed)
     corners = torch.rand(count, 3, 2, 2, generator=generator) * 2.0 - 1.0
     return F.interpolate(corners, size=(size, size), mode="bilinear", align_corners=True)
 
 
-@torch.no_grad()
-def fit_projection(vae, vae_scale_factor: int, grid: int = 8, count: int = 8) -> LatentRgbProjection:
-    """Least squares from normalized latents of smooth test images to those images, downsampled
-    to the latent grid. Gradients keep the map local, which is what a preview needs."""
-    shift, scale = _vae_normalization(vae)
-    parameter = next(vae.parameters())
-    images = _gradient_images(count, grid * vae_scale_factor)
-    latents = vae.encode(images.to(parameter.device, parameter.dtype)).latent_dist.mean.float().cpu()
-    latents = (latents - shift) * scale  # [N, C, grid, grid]
-    targets = F.avg_pool2d((images + 1.0) / 2.0, kernel_size=vae_scale_factor)  # [N, 3, grid, grid]
+def least_squares_projection(latents: torch.Tensor, images: torch.Tensor, vae_scale_factor: int) -> LatentRgbProjection:
+    """The map from normalized latents [N, C, g, g] of `images` [N, 3, G, G] (in [-1, 1]) back to
+    those images, downsampled to the latent grid. Gradients keep the map local, which is what
+    a preview needs."""
+    targets = F.avg_pool2d((images + 1.0) / 2.0, kernel_size=vae_scale_factor)  # [N, 3, g, g]
     inputs = latents.permute(0, 2, 3, 1).reshape(-1, latents.shape[1])
     inputs = torch.cat([inputs, torch.ones(len(inputs), 1)], dim=1)
     outputs = targets.permute(0, 2, 3, 1).reshape(-1, 3)
     solution = torch.linalg.lstsq(inputs.double(), outputs.double()).solution.float()
     return LatentRgbProjection(solution[:-1].contiguous(), solution[-1].contiguous(), "fitted")
+
+
+@torch.no_grad()
+def fit_projection(vae, vae_scale_factor: int, grid: int = 8, count: int = 8) -> LatentRgbProjection:
+    """Least squares from the normalized latents of smooth test images to those images."""
+    shift, scale = _vae_normalization(vae)
+    parameter = next(vae.parameters())
+    images = gradient_images(count, grid * vae_scale_factor)
+    latents = vae.encode(images.to(parameter.device, parameter.dtype)).latent_dist.mean.float().cpu()
+    return least_squares_projection((latents - shift) * scale, images, vae_scale_factor)

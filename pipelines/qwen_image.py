@@ -82,7 +82,7 @@ class QwenImageStepPipeline(FlowMatchStepPipeline):
             )
         super().__init__(pipe, device, name, studio, scheduler)
         self.vae_scale_factor = pipe.vae_scale_factor
-        self.preview_projection = wan_vae_projection(self.vae, self.studio)
+        self.preview_projection = wan_vae_projection(self.vae, self.studio, self.vae_scale_factor)
         size = pipe.default_sample_size * pipe.vae_scale_factor
         self.info = self._pipeline_info(
             self.studio.model_defaults(size, size, num_inference_steps=30, guidance_scale=4.0, negative_prompt=" "),

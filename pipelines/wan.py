@@ -105,7 +105,7 @@ class WanStepPipeline(FlowMatchStepPipeline):
         # __call__ refuses sides that are not multiples of 16, and patchifies latents.
         size_multiple = math.lcm(16, self.vae_scale_factor * patch_height, self.vae_scale_factor * patch_width)
         self.max_sequence_length = text_length(self.studio, MAX_SEQUENCE_LENGTH, MAX_SEQUENCE_LENGTH, self.label)
-        self.preview_projection = wan_vae_projection(self.vae, self.studio)
+        self.preview_projection = wan_vae_projection(self.vae, self.studio, self.vae_scale_factor)
         self.info = self._pipeline_info(
             # WanPipeline.__call__'s own defaults: 81 frames of 832x480, 50 steps, guidance 5.
             self.studio.model_defaults(832, 480, num_inference_steps=50, guidance_scale=5.0, num_frames=81, fps=FPS),

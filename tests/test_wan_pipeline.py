@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import types
 
 import numpy as np
 import pytest
@@ -16,7 +17,9 @@ from diffusers.utils import is_accelerate_available
 
 from engine import Engine, GenerationParams, Progress
 from pipelines.loader import LoadOptions, load_pipeline
+from pipelines.studio_config import StudioConfig
 from pipelines.wan import WanBatchKey, WanStepPipeline
+from pipelines.wan_vae import WAN_LATENTS_MEAN, wan_vae_projection
 from tests.pipeline_parity import SIZE, Reference, Run, assert_close, assert_same
 from tests.pipeline_parity import finished, request, run_joining_together, tiny_family
 from tests.protocol_driver import drive
@@ -99,6 +102,13 @@ def test_batch_key_is_the_latent_shape(wan):
                                        negative_prompt="blurry"))
     assert key(base) != key(video(num_frames=13))
     assert key(base) != key(video(width=48))
+
+
+def test_preview_factors_are_the_published_ones_for_the_wan_vae_else_fitted(wan):
+    assert wan.pipeline.preview_projection.source == "fitted"  # the tiny VAE's statistics are its own
+    released = types.SimpleNamespace(config=types.SimpleNamespace(
+        z_dim=16, latents_mean=list(WAN_LATENTS_MEAN), latents_std=[1.0] * 16))
+    assert wan_vae_projection(released, StudioConfig(), vae_scale_factor=8).source == "wan-2.1-vae"
 
 
 def test_experts_keep_their_float32_modules_in_a_half_precision_load(tmp_path):
