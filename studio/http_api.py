@@ -118,7 +118,14 @@ class ImageGenerationRequest(pydantic.BaseModel):
     size: str | None = pydantic.Field(default=None, max_length=32)  # "WIDTHxHEIGHT" or "auto"
     response_format: Literal["b64_json", "url"] | None = None
     output_format: Literal["png"] | None = None
-    user: str | None = pydantic.Field(default=None, max_length=256)  # accepted for compatibility, unused
+    # OpenAI fields this server can't honour: accepted (common clients always send some of them)
+    # and ignored. Images are always PNG at the requested size; `user` is not used for anything.
+    user: str | None = pydantic.Field(default=None, max_length=256)
+    quality: str | None = pydantic.Field(default=None, max_length=32)
+    style: str | None = pydantic.Field(default=None, max_length=32)
+    background: str | None = pydantic.Field(default=None, max_length=32)
+    moderation: str | None = pydantic.Field(default=None, max_length=32)
+    output_compression: int | None = pydantic.Field(default=None, ge=0, le=100)
     # Extensions (send them with the openai client's `extra_body=`).
     negative_prompt: str | None = pydantic.Field(default=None, max_length=MAX_PROMPT_CHARS)
     num_inference_steps: int | None = pydantic.Field(default=None, ge=1, le=MAX_STEPS_ABSOLUTE)

@@ -157,6 +157,16 @@ def test_openai_client_gets_a_png_of_the_requested_size(api):
     np.testing.assert_array_equal(np.asarray(image.convert("RGB")), np.asarray(direct.images[0]))
 
 
+def test_openai_fields_the_server_cannot_honour_are_accepted_and_ignored(api):
+    result = api.openai().images.generate(
+        model="toy", prompt="a red circle", size="64x64", response_format="b64_json", quality="hd", style="vivid",
+        user="someone", background="auto", moderation="low", output_compression=80, extra_body={"seed": 5},
+    )
+    plain = api.openai().images.generate(model="toy", prompt="a red circle", size="64x64",
+                                         response_format="b64_json", extra_body={"seed": 5})
+    assert result.data[0].b64_json == plain.data[0].b64_json
+
+
 def test_n_images_and_concurrent_calls_share_forwards():
     gate = StepGate(0)  # the engine waits in its first forward until the second call has queued
     with running_api(pipeline=ToyPipeline(on_forward=gate)) as api:
@@ -233,7 +243,8 @@ BAD_REQUESTS = [
     (b'{"prompt": "a cat", "guidance_scale": NaN}', 400, "guidance_scale", "invalid_value"),
     (b'{"prompt": "a cat", "seed": -1}', 400, "seed", "invalid_value"),
     (b'{"prompt": "a cat", "response_format": "jpeg"}', 400, "response_format", None),
-    (b'{"prompt": "a cat", "quality": "hd"}', 400, "quality", "unknown_parameter"),
+    (b'{"prompt": "a cat", "colour": "red"}', 400, "colour", "unknown_parameter"),
+    (b'{"prompt": "a cat", "quality": 3}', 400, "quality", "invalid_type"),
     (json.dumps({"prompt": LONG_PROMPT}).encode(), 400, "prompt", "invalid_value"),
     (b'{"prompt": "   "}', 400, "prompt", "invalid_value"),
     (b'{"prompt": "a cat", "size": "big"}', 400, "size", "invalid_value"),
