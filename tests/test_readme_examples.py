@@ -1,0 +1,71 @@
+"""The README's Python examples run as written against the quick-start server (`python app.py`,
+the built-in model), each in a fresh interpreter; only the server's address is changed, to a
+free port."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+EXAMPLES = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+QUICK_START_URL = "http://127.0.0.1:7860"
+
+
+def test_the_readme_has_its_examples():
+    uses = [("Engine(" in code, "images.generate" in code, "/generate" in code, "/run_workflow" in code)
+            for code in EXAMPLES]
+    assert [any(column) for column in zip(*uses)] == [True, True, True, True]
+
+
+@pytest.fixture(scope="module")
+def quick_start_server(tmp_path_factory):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    outputs = tmp_path_factory.mktemp("outputs")
+    process = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--outputs", str(outputs)],
+                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            assert process.poll() is None, process.stderr.read().decode()[-3000:]
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the quick-start server did not start in 120 s"
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+@pytest.mark.parametrize("index", range(len(EXAMPLES)))
+def test_readme_example_runs(quick_start_server, index):
+    code = EXAMPLES[index].replace(QUICK_START_URL, quick_start_server)
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=240,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    # What each example's comments promise.
+    if "images.generate" in code:
+        assert last == "[7, 8]"
+    elif "/run_workflow" in code:
+        assert last.startswith("completed 9 ")
+    elif "/generate" in code:
+        assert "completed 20 / 20" in result.stdout
+    else:
+        assert last.startswith("Completed(")
