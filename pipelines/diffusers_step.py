@@ -111,13 +111,12 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
         options = options or LoadOptions()
         path = Path(path)
         check_relied_on(cls.diffusers_class)
-        pipe, device = load_diffusers_pipeline(
-            cls.diffusers_class, path, options, cls.label, **cls._load_kwargs(path, options)
-        )
+        pipe, device = load_diffusers_pipeline(cls.diffusers_class, path, options, cls.label, cls._load_kwargs)
         return cls(pipe, device, path.name, read_studio_config(path), options.scheduler)
 
     @classmethod
-    def _load_kwargs(cls, path: Path, options: LoadOptions) -> dict[str, Any]:
+    def _load_kwargs(cls, path: Path, dtype: torch.dtype) -> dict[str, Any]:
+        """More from_pretrained arguments for this family."""
         return {}
 
     def _denoiser(self, pipe) -> torch.nn.Module:

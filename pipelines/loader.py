@@ -54,12 +54,14 @@ def resolve_device_dtype(options: LoadOptions):
     return torch.device(device), dtype
 
 
-def load_diffusers_pipeline(pipeline_class, path: Path, options: LoadOptions, family: str, **kwargs):
+def load_diffusers_pipeline(pipeline_class, path: Path, options: LoadOptions, family: str, extra_kwargs=None):
     """`pipeline_class.from_pretrained` from safetensors only, on the chosen device and dtype,
-    progress bars off. Any unreadable checkpoint gets the same clear ValueError.
+    progress bars off. `extra_kwargs(path, dtype)` gives more from_pretrained arguments (components
+    a family loads itself). Any unreadable checkpoint gets the same clear ValueError.
     Returns (pipe, device)."""
     device, dtype = resolve_device_dtype(options)
     try:
+        kwargs = extra_kwargs(path, dtype) if extra_kwargs is not None else {}
         pipe = pipeline_class.from_pretrained(path, use_safetensors=True, torch_dtype=dtype, **kwargs)
     except Exception as exc:  # noqa: BLE001 - corrupt, partial or pickle-only folders alike
         raise ValueError(

@@ -58,7 +58,7 @@ class StableDiffusionXLStepPipeline(StableDiffusionStepPipeline):
         super().__init__(pipe, device, name, studio, scheduler)
 
     @classmethod
-    def _load_kwargs(cls, path, options) -> dict:
+    def _load_kwargs(cls, path, dtype) -> dict:
         return {}  # SDXL pipelines have no safety checker to leave out
 
     # ---------------------------------------------------------------- texts

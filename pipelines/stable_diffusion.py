@@ -43,7 +43,6 @@ from pipelines.cfg import Row
 from pipelines.diffusers_step import DiffusersStepPipeline, RequestExtra
 from pipelines.interface import RequestState
 from pipelines.latent_preview import LatentRgbProjection, projection_for, published_projection
-from pipelines.loader import LoadOptions
 from pipelines.params import GenerationParams
 from pipelines.prompt_cache import split_rows
 from pipelines.studio_config import StudioConfig
@@ -132,7 +131,7 @@ class StableDiffusionStepPipeline(DiffusersStepPipeline):
         self.info.extras["default_scheduler"] = scheduler or _scheduler_name_of(pipe.scheduler)
 
     @classmethod
-    def _load_kwargs(cls, path: Path, options: LoadOptions) -> dict[str, Any]:
+    def _load_kwargs(cls, path: Path, dtype: torch.dtype) -> dict[str, Any]:
         return {"safety_checker": None, "requires_safety_checker": False}
 
     def _denoiser(self, pipe) -> torch.nn.Module:

@@ -42,7 +42,6 @@ from pipelines.cfg import Row
 from pipelines.diffusers_step import text_length
 from pipelines.flow_match import FlowMatchStepPipeline
 from pipelines.interface import Batch, RequestState
-from pipelines.loader import LoadOptions, resolve_device_dtype
 from pipelines.params import GenerationParams
 from pipelines.prompt_cache import split_rows
 from pipelines.studio_config import StudioConfig
@@ -117,10 +116,9 @@ class WanStepPipeline(FlowMatchStepPipeline):
         )
 
     @classmethod
-    def _load_kwargs(cls, path: Path, options: LoadOptions) -> dict[str, Any]:
+    def _load_kwargs(cls, path: Path, dtype: torch.dtype) -> dict[str, Any]:
         if is_accelerate_available():
             return {}
-        _, dtype = resolve_device_dtype(options)
         return {
             name: _keep_fp32_modules(
                 _WanTransformerWithoutAccelerate.from_pretrained(path / name, torch_dtype=dtype, use_safetensors=True)

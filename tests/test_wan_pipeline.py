@@ -190,6 +190,10 @@ def test_a_folder_of_another_wan_kind_is_a_clear_error(tmp_path):
     (folder / "model_index.json").write_text(json.dumps({**index, "boundary_ratio": 0.9}))
     with pytest.raises(ValueError, match=r"boundary_ratio=0.9 with transformer_2=NoneType; Wan 2.2 checkpoints have both"):
         load_pipeline(str(folder))
-    shutil.rmtree(folder / "vae")
+    (folder / "model_index.json").write_text(json.dumps(index))
+    (folder / "transformer" / "diffusion_pytorch_model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="could not load .*half as a Wan checkpoint"):
+        load_pipeline(str(folder))
+    shutil.rmtree(folder / "transformer")
     with pytest.raises(ValueError, match="could not load .*half as a Wan checkpoint"):
         load_pipeline(str(folder))
