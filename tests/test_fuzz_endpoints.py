@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from engine import Engine
 from pipelines.toy import ToyPipeline
 from studio.config import StudioOptions
+from studio.http_api import ImageGenerationRequest
 from studio.server import StudioServer, build_app
 
 SETTINGS = dict(deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -70,7 +71,7 @@ BAD_FIELDS = {
     "output_format": st.text(max_size=5).filter(lambda v: v != "png"),
 }
 _bad_field = st.sampled_from(sorted(BAD_FIELDS)).flatmap(lambda name: st.tuples(st.just(name), BAD_FIELDS[name]))
-_unknown_field = st.text(min_size=1, max_size=12).filter(lambda k: k not in BAD_FIELDS and k != "user")
+_unknown_field = st.text(min_size=1, max_size=12).filter(lambda k: k not in ImageGenerationRequest.model_fields)
 BAD_BODIES = st.one_of(
     _bad_field.map(lambda item: json.dumps({"prompt": "a red circle", item[0]: item[1]}).encode()),
     st.tuples(_unknown_field, _JUNK).map(lambda item: json.dumps({"prompt": "a cat", item[0]: item[1]}).encode()),
