@@ -25,7 +25,7 @@ from studio.bridge import final_media, preview_image, session_id_of, settings_ca
 from studio.config import StudioOptions
 from studio.tab_queue import CANCEL_JS, TabResults, latest_preview, render_tab_queue
 from studio.workflow import WorkflowError
-from studio.workflow_ui import WorkflowRunner, owner_for
+from studio.workflow_ui import WorkflowRunner, cancel_from_page, owner_for
 
 MAX_BATCH_COUNT = 16
 _SEED_RANGE = 2**32
@@ -242,14 +242,7 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
         return tab_outputs(session)
 
     def cancel_one(event: gr.EventData, request: gr.Request) -> None:
-        data = event._data if isinstance(event._data, dict) else {}
-        index = data.get("index")
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise gr.Error(f"index must be a request number, got {index!r:.20}.")
-        try:
-            runner.registry.cancel(data.get("run_id"), session_id_of(request), branch=index)
-        except PermissionError as exc:
-            raise gr.Error(str(exc), title="Not your request") from exc
+        cancel_from_page(runner.registry, event, request)
 
     form.cancel.click(cancel_all, outputs=[panel.queue, panel.preview, panel.media, panel.gallery, *live.components],
                       queue=False,

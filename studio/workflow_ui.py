@@ -261,6 +261,18 @@ def build_workflow_tab(engine: Engine) -> WorkflowTab:
     return WorkflowTab(editor, results)
 
 
+def cancel_from_page(registry: RunRegistry, event: gr.EventData, request: gr.Request) -> None:
+    """A page's × or Cancel sent {run_id, index} (index -1: the whole run) as a `stop` event."""
+    data = event._data if isinstance(event._data, dict) else {}
+    index = data.get("index", -1)
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise gr.Error(f"index must be a branch number, got {index!r:.20}.")
+    try:
+        registry.cancel(data.get("run_id"), session_id_of(request), branch=index)
+    except PermissionError as exc:
+        raise gr.Error(str(exc), title="Not your run") from exc
+
+
 def wire_workflow_tab(runner: WorkflowRunner, tab: WorkflowTab, browser_token: gr.BrowserState, live) -> None:
     """`live`: the page's LiveViews, redrawn with every update of the run."""
     async def run(workflow: str, token: str, request: gr.Request):
@@ -286,14 +298,7 @@ def wire_workflow_tab(runner: WorkflowRunner, tab: WorkflowTab, browser_token: g
 
     def cancel(event: gr.EventData, request: gr.Request) -> None:
         """The editor's Cancel (index -1) and per-branch × buttons; the run's stream shows the outcome."""
-        data = event._data if isinstance(event._data, dict) else {}
-        index = data.get("index", -1)
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise gr.Error(f"index must be a branch number, got {index!r:.20}.")
-        try:
-            runner.registry.cancel(data.get("run_id"), session_id_of(request), branch=index)
-        except PermissionError as exc:
-            raise gr.Error(str(exc), title="Not your run") from exc
+        cancel_from_page(runner.registry, event, request)
 
     tab.editor.stop(cancel, queue=False, api_name="ui_cancel_workflow", api_visibility="private",
                     show_progress="hidden")

@@ -7,51 +7,28 @@ Screenshots land in test-artifacts/ for a human to look at.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from engine import Engine
 from pipelines.interface import ModelDefaults
 from pipelines.toy import ToyPipeline
-from studio.config import StudioOptions
-from studio.server import StudioServer, build_app
+from tests.browser_helpers import BROWSER_MARKS, browser, shot, sync_api  # noqa: F401 (browser: a fixture)
+from tests.studio_helpers import live_studio
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 STEPS = 30
 STEP_DELAY_S = 0.04
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not CHROMIUM.exists() or shutil.which("chromium") is None,
-                       reason="Debian chromium is not installed (apt-get install -y chromium)"),
-]
+pytestmark = BROWSER_MARKS
 
 
 @pytest.fixture(scope="module")
 def studio(tmp_path_factory):
     defaults = ModelDefaults(width=64, height=64, num_inference_steps=STEPS, guidance_scale=1.0)
     pipeline = ToyPipeline(step_delay_s=STEP_DELAY_S, defaults=defaults)
-    config = StudioOptions(model="toy", port=0, preview_every=2, max_per_session=8,
-                           outputs=str(tmp_path_factory.mktemp("outputs")))
-    engine = Engine(pipeline, mode=config.mode, max_batch=config.max_batch, limits=config.limits).start()
-    server = StudioServer(build_app(engine, config), "127.0.0.1", 0).start()
-    yield server, engine, pipeline, Path(config.outputs)
-    server.stop()
-    engine.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+    outputs = tmp_path_factory.mktemp("outputs")
+    with live_studio(pipeline, outputs, preview_every=2, max_per_session=8) as (server, engine):
+        yield server, engine, pipeline, outputs
 
 
 @pytest.fixture
@@ -65,11 +42,6 @@ def page(studio, browser):
     yield page
     context.close()
     assert errors == [], f"JavaScript errors on the page: {errors}"
-
-
-def shot(page, name: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 
 
 def nodes(page, node_type: str | None = None) -> list[str]:

@@ -6,7 +6,6 @@ behind one shared engine, exactly as `python app.py --model toy` wires it.
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -19,6 +18,8 @@ from engine import Engine
 from pipelines.toy import ToyPipeline
 from studio.config import StudioOptions
 from studio.server import StudioServer, build_app
+from tests.engine_helpers import StepGate
+from tests.studio_helpers import live_studio, statuses, wait_for
 
 STEP_DELAY_S = 0.03
 
@@ -26,12 +27,8 @@ STEP_DELAY_S = 0.03
 @pytest.fixture(scope="module")
 def studio():
     pipeline = ToyPipeline(step_delay_s=STEP_DELAY_S)
-    config = StudioOptions(model="toy", port=0, preview_every=2, max_size=256, max_steps=60, max_per_session=4)
-    engine = Engine(pipeline, mode=config.mode, max_batch=config.max_batch, limits=config.limits).start()
-    server = StudioServer(build_app(engine, config), "127.0.0.1", 0).start()
-    yield server, engine, pipeline
-    server.stop()
-    engine.close()
+    with live_studio(pipeline, preview_every=2, max_size=256, max_steps=60, max_per_session=4) as (server, engine):
+        yield server, engine, pipeline
 
 
 @pytest.fixture
@@ -50,18 +47,6 @@ def submit(client: Client, prompt: str, steps: int, seed: int = -1):
                          guidance_scale=1.0, seed=seed, api_name="/generate")
 
 
-def statuses(job) -> list[dict]:
-    return [output[0] for output in job.outputs() if isinstance(output[0], dict)]
-
-
-def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def running_status(job, min_step: int = 1) -> dict | None:
@@ -146,14 +131,22 @@ def test_cancel_one_of_several_jobs_of_one_client(studio, clients):
 
 
 def test_queue_endpoint_marks_own_requests_and_hides_other_prompts(studio, clients):
+    pipeline = studio[2]
     mine, theirs = clients(), clients()
+    # Hold the engine inside the request's second forward while both clients look at the queue.
+    gate = StepGate(len(pipeline.forward_log) + 1)
+    pipeline.on_forward = gate
     job = submit(theirs, "their secret prompt", 30)
-    wait_for(lambda: running_status(job, 1), what="the other request to run")
-    snapshot = mine.predict(api_name="/queue")
+    gate.wait()
+    try:
+        snapshot = mine.predict(api_name="/queue")
+        own_view = theirs.predict(api_name="/queue")["requests"]
+    finally:
+        pipeline.on_forward = None
+        gate.release()
     assert snapshot["engine"]["mode"] == "step"
     views = snapshot["requests"]
     assert views and all(not v["mine"] and v["prompt"] == "(hidden)" for v in views)
-    own_view = theirs.predict(api_name="/queue")["requests"]
     assert any(v["mine"] and v["prompt"] == "their secret prompt" for v in own_view)
     theirs.predict(statuses(job)[-1]["request_id"], api_name="/cancel")
     assert job.result(timeout=30)[0]["state"] == "aborted"

@@ -10,10 +10,8 @@ import httpx
 import pytest
 from gradio_client import Client
 
-from engine import Engine
 from pipelines.toy import ToyPipeline
-from studio.config import StudioOptions
-from studio.server import StudioServer, build_app
+from tests.studio_helpers import live_studio
 
 SESSIONS = 32
 STEPS = 30
@@ -22,12 +20,8 @@ STEPS = 30
 @pytest.fixture(scope="module")
 def studio():
     pipeline = ToyPipeline(step_delay_s=0.05)
-    config = StudioOptions(model="toy", port=0, max_batch=SESSIONS, preview_every=0, max_per_session=1)
-    engine = Engine(pipeline, mode=config.mode, max_batch=config.max_batch, limits=config.limits).start()
-    server = StudioServer(build_app(engine, config), "127.0.0.1", 0).start()
-    yield server, engine
-    server.stop()
-    engine.close()
+    with live_studio(pipeline, max_batch=SESSIONS, preview_every=0, max_per_session=1) as (server, engine):
+        yield server, engine
 
 
 def test_32_sessions_share_forwards_and_the_page_stays_responsive(studio):

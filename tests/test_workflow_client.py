@@ -7,7 +7,6 @@ The toy pipeline (a small per-forward delay so runs overlap) behind one engine, 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -15,12 +14,10 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from engine import Engine
 from pipelines.toy import ToyPipeline
-from studio.config import StudioOptions
-from studio.server import StudioServer, build_app
 from studio.outputs import parse_infotext, png_texts
 from studio.workflow_ui import EXAMPLES_DIR
+from tests.studio_helpers import live_studio, statuses, wait_for
 
 STEP_DELAY_S = 0.02
 
@@ -29,13 +26,9 @@ STEP_DELAY_S = 0.02
 def studio(tmp_path_factory):
     pipeline = ToyPipeline(step_delay_s=STEP_DELAY_S)
     outputs = tmp_path_factory.mktemp("outputs")
-    config = StudioOptions(model="toy", port=0, preview_every=2, max_size=256, max_steps=60, max_per_session=8,
-                           outputs=str(outputs))
-    engine = Engine(pipeline, mode=config.mode, max_batch=config.max_batch, limits=config.limits).start()
-    server = StudioServer(build_app(engine, config), "127.0.0.1", 0).start()
-    yield server, engine, pipeline, outputs
-    server.stop()
-    engine.close()
+    with live_studio(pipeline, outputs, preview_every=2, max_size=256, max_steps=60, max_per_session=8) as (
+            server, engine):
+        yield server, engine, pipeline, outputs
 
 
 @pytest.fixture
@@ -59,18 +52,6 @@ def xy_workflow(steps: str = "30, 40", guidance: str = "1, 2") -> dict:
     }
 
 
-def wait_for(predicate, timeout_s: float = 20.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def statuses(job) -> list[dict]:
-    return [output[0] for output in job.outputs() if isinstance(output[0], dict)]
 
 
 def test_the_api_page_lists_the_workflow_endpoints(client):

@@ -18,7 +18,7 @@ from pipelines.toy import ToyPipeline
 from studio.workflow import WorkflowError, parse_workflow
 from studio.workflow_compiler import WorkflowLimits, compile_workflow
 from studio.workflow_run import WorkflowRun
-from tests.engine_helpers import StepGate, solo_pixels
+from tests.engine_helpers import solo_pixels
 
 STEPS = 6
 
@@ -134,22 +134,22 @@ def test_a_run_larger_than_the_session_limit_queues_its_own_branches():
     assert order == sorted(order)
 
 
-def test_cancelling_the_run_stops_every_branch_at_the_next_step_boundary():
-    gate = StepGate(2)
-    pipeline = ToyPipeline(on_forward=gate)
+def run_acting_at_forward(index: int, action):
+    """Run the 2x2 workflow; `action(run)` is called on the engine thread inside forward `index`
+    (0-based), so it lands at an exact step boundary. Returns (pipeline, run, views)."""
+    holder = {}
+    pipeline = ToyPipeline(on_forward=lambda i, batch: action(holder["run"]) if i == index else None)
     engine = Engine(pipeline, max_batch=8, limits=ServingLimits(max_per_session=16))
-
-    def on_view(view):
-        if view.branches[0].state == "running" and view.branches[0].step >= 2 and not gate._released.is_set():
-            gate.wait()
-            run.cancel()
-            gate.release()
-
     try:
-        run = WorkflowRun(engine, compiled(seed_by_guidance()), session_id="tab")
-        views = drive(run, engine, on_view=on_view)
+        run = holder["run"] = WorkflowRun(engine, compiled(seed_by_guidance()), session_id="tab")
+        views = drive(run, engine)
     finally:
         engine.close()
+    return pipeline, run, views
+
+
+def test_cancelling_the_run_stops_every_branch_at_the_next_step_boundary():
+    pipeline, run, views = run_acting_at_forward(2, lambda run: run.cancel())
     assert views[-1].state == "aborted"
     assert [b.state for b in run.branches] == ["aborted"] * 4
     assert len(pipeline.forward_log) == 3  # the forward that was running when the cancel came, then none
@@ -158,22 +158,9 @@ def test_cancelling_the_run_stops_every_branch_at_the_next_step_boundary():
 
 
 def test_one_branch_can_be_cancelled_alone():
-    gate = StepGate(1)
-    pipeline = ToyPipeline(on_forward=gate)
-    engine = Engine(pipeline, max_batch=8, limits=ServingLimits(max_per_session=16))
-
-    def on_view(view):
-        if view.branches[1].state == "running" and not gate._released.is_set():
-            gate.wait()
-            assert run.cancel_branch(1)
-            gate.release()
-
-    try:
-        run = WorkflowRun(engine, compiled(seed_by_guidance()), session_id="tab")
-        views = drive(run, engine, on_view=on_view)
-    finally:
-        engine.close()
+    pipeline, run, views = run_acting_at_forward(1, lambda run: run.cancel_branch(1))
     assert [b.state for b in run.branches] == ["completed", "aborted", "completed", "completed"]
+    assert [len(rows) for rows in pipeline.forward_log] == [4, 4] + [3] * (STEPS - 2)
     assert views[-1].state == "partial"
     assert run.branches[1].request_id not in pipeline.decoded
     assert not run.cancel_branch(1) and not run.cancel_branch(9)

@@ -1,0 +1,38 @@
+"""What the real-browser tests share: Debian's Chromium through Playwright (never `playwright
+install`), the skip when it is missing, and screenshots in test-artifacts/ for a human to look at.
+
+    from tests.browser_helpers import BROWSER_MARKS, browser, shot, sync_api   # noqa: F401 (fixture)
+    pytestmark = BROWSER_MARKS
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+BROWSER_MARKS = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists() or shutil.which("chromium") is None,
+                       reason="Debian chromium is not installed (apt-get install -y chromium)"),
+]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+def shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)

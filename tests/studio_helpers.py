@@ -1,0 +1,41 @@
+"""A live studio for tests: the engine and the web server over a given pipeline, wired as
+`python app.py --model toy` wires them, on a free port, saving outputs only where asked."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+from engine import Engine
+from studio.config import StudioOptions
+from studio.server import StudioServer, build_app
+
+
+@contextlib.contextmanager
+def live_studio(pipeline, outputs: Path | None = None, **options):
+    """Yields (server, engine); `options` are StudioOptions fields."""
+    config = StudioOptions(model="toy", port=0, outputs=str(outputs) if outputs else None, **options)
+    engine = Engine(pipeline, mode=config.mode, max_batch=config.max_batch, limits=config.limits).start()
+    server = StudioServer(build_app(engine, config), "127.0.0.1", 0).start()
+    try:
+        yield server, engine
+    finally:
+        server.stop()
+        engine.close()
+
+
+def statuses(job) -> list[dict]:
+    """The status dicts a gradio_client job has streamed so far (its first output)."""
+    return [output[0] for output in job.outputs() if isinstance(output[0], dict)]
+
+
+def wait_for(predicate, timeout_s: float = 20.0, what: str = "condition"):
+    """Poll `predicate` (for what only a client can see, e.g. streamed outputs) until it is truthy."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
