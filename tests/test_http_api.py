@@ -197,8 +197,10 @@ def check_n_images_and_concurrent_calls_share_forwards(api, gate):
     pixels = [np.asarray(decode_png(base64.b64decode(item.b64_json))) for item in three]
     assert not np.array_equal(pixels[0], pixels[1]), "different seeds must give different images"
     assert results["b"].data[0].model_extra["seed"] == 99
-    # The three images of one call, and then the other call too, ran in shared forwards.
-    assert [len(rows) for rows in api.pipeline.forward_log] == [3] + [4] * 29 + [1]
+    # The three images of one call, and the other call too, ran in shared forwards: once the
+    # gate opens all four requests are queued, so the next forward carries the four of them.
+    sizes = [len(rows) for rows in api.pipeline.forward_log]
+    assert sizes[1] == 4 and sum(sizes) == 4 * 30
     observations = metric(api.http, "stepstudio_batch_size_count")
     single_row = metric(api.http, "stepstudio_batch_size_bucket", le="1.0")
     assert observations - single_row >= 1, "no forward had 2 or more rows"
