@@ -116,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     outputs.add_argument("--no-save", action="store_true", help="save nothing (the History tab stays empty)")
     server.add_argument("--show-prompts", action="store_true",
                         help="show every session's prompt in the queue view (default: only your own)")
+    replicas = parser.add_argument_group("replicas (Ray Serve; pip install -e '.[serve]')")
+    replicas.add_argument("--replicas", type=int, default=0, metavar="N",
+                          help="serve N engine replicas on a local Ray cluster (one per GPU; on CPU each with "
+                               "its own cores) behind the same studio (0 = one engine in this process, no Ray)")
+    replicas.add_argument("--replica-threads", type=int, default=None, metavar="T",
+                          help="CPU: torch threads of each replica, pinned to its own cores (default: the cores "
+                               "shared out)")
     return parser
 
 
@@ -175,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
 
+    if args.replicas:
+        return run_replicas(parser, args, config)
+
     from studio.server import StudioServer, bind_socket
 
     try:  # before the model loads: a busy port is an error now, not after minutes of loading
@@ -217,6 +227,25 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     log.info("stopped")
     return 0
+
+
+def run_replicas(parser: argparse.ArgumentParser, args: argparse.Namespace, config: StudioOptions) -> int:
+    """--replicas N: the same studio over N engine replicas on a local Ray cluster (serve/local.py)."""
+    if args.replicas < 0 or (args.replica_threads is not None and args.replica_threads < 1):
+        parser.error("--replicas must be >= 0 and --replica-threads >= 1.")
+    if config.share:
+        parser.error("--share is not available with --replicas.")
+    try:
+        from serve.local import run_local, serve_settings_for
+    except ImportError as exc:
+        parser.error(f"--replicas needs Ray Serve ({exc}): pip install -e '.[serve]'")
+    from studio.server import bind_socket
+
+    try:  # a busy port is an error now, not after Ray and the replicas have started
+        bind_socket(config.host, config.port).close()
+    except OSError as exc:
+        parser.error(f"can't listen on {config.host}:{config.port}: {exc.strerror or exc} (pick another --port)")
+    return run_local(config, serve_settings_for(config, args.replicas, args.replica_threads))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ browser's token and the tabs. The named API endpoints are wired here too
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,8 +59,18 @@ class LiveViews:
 
     def render(self, session: str) -> dict:
         snapshot = self.engine.snapshot()
-        return {self.queue: render_queue(snapshot, session, self.show_prompts),
+        return {self.queue: render_queues(snapshot, session, self.show_prompts),
                 self.graph: render_graph(snapshot, self.engine.info, session)}
+
+
+def render_queues(snapshot, session: str, show_prompts: bool) -> str:
+    """The queue table; with engine replicas (serve/), one table per replica under its label: their
+    snapshot then carries `replicas`, (label, that replica's EngineSnapshot) pairs."""
+    parts = getattr(snapshot, "replicas", ())
+    if not parts:
+        return render_queue(snapshot, session, show_prompts)
+    return "".join(f'<div class="ss-replica" data-replica="{html.escape(label)}"><b>{html.escape(label)}</b>'
+                   f"{render_queue(part, session, show_prompts)}</div>" for label, part in parts)
 
 
 def _plural(count: int, word: str) -> str:

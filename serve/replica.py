@@ -1,0 +1,140 @@
+"""One engine replica: a Ray Serve replica that owns one `engine.Engine` on one device.
+
+Methods are what the facade (serve/replicated_engine.py) calls through Serve:
+
+    describe()                 the model, limits and engine settings (the same on every replica)
+    prepare(params)            defaults, seed and checks: `Prepared` (with the batch key the
+                               router groups by) or `Rejected`
+    generate(params, ...)      an async generator: `Admitted` or `Rejected`, then one item per
+                               engine event until the final one
+    report()                   this replica now: snapshot, metrics, liveness (`ReplicaReport`)
+    unknown_words(prompt)      the prompt words the model never learned (when it can tell)
+    check_health()             Serve's probe: an engine whose thread stopped fails it, and Serve
+                               replaces the replica
+
+`generate` is an async generator so that a cancelled downstream stream (a Cancel click, a
+closed tab, a dropped HTTP connection, all arrive as `DeploymentResponseGenerator.cancel()`)
+reaches it as CancelledError within milliseconds; its `finally` then aborts the request at the
+engine's next step boundary. (A sync generator would only notice at its next yield.)
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import time
+from typing import AsyncIterator
+
+from ray import serve
+
+from engine import AdmissionError, Engine, GenerationParams
+from engine.cost import request_cost
+from serve.settings import ReplicaSettings
+from serve.wire import Admitted, Prepared, Rejected, ReplicaDescription, ReplicaReport, event_to_wire
+
+log = logging.getLogger(__name__)
+
+
+def apply_cpu_settings(settings: ReplicaSettings, local_rank: int) -> tuple[int, ...]:
+    """Torch threads and, with `pin_cpus`, this process's own cores; returns the cores it may use."""
+    cores = tuple(sorted(os.sched_getaffinity(0)))
+    if settings.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(settings.torch_threads)
+        if settings.pin_cpus:
+            count = min(settings.torch_threads, len(cores))
+            start = (local_rank * count) % len(cores)
+            mine = {cores[(start + i) % len(cores)] for i in range(count)}
+            os.sched_setaffinity(0, mine)
+            cores = tuple(sorted(mine))
+    return cores
+
+
+def build_pipeline(settings: ReplicaSettings):
+    """The replica's model: `pipeline_factory` when set, else the loader (as app.py loads it)."""
+    if settings.pipeline_factory is not None:
+        module, _, name = settings.pipeline_factory.partition(":")
+        factory = getattr(importlib.import_module(module), name)
+        return factory(**dict(settings.pipeline_kwargs))
+    from pipelines.loader import BUILTIN_MODEL_DIR, LoadOptions, load_pipeline
+
+    if settings.model == "builtin" and not (BUILTIN_MODEL_DIR / "model_index.json").is_file():
+        raise ValueError(f"the built-in model is not in {BUILTIN_MODEL_DIR} on this node.")
+    return load_pipeline(settings.model, LoadOptions(
+        device=settings.device, dtype=settings.dtype, compile_denoiser=settings.compile,
+        prompt_cache_size=settings.prompt_cache))
+
+
+class EngineReplica:
+    def __init__(self, settings: ReplicaSettings) -> None:
+        context = serve.get_replica_context()
+        self.replica_id = context.replica_id.unique_id
+        rank = getattr(context, "rank", None)
+        self.label = f"replica {rank.rank}" if rank is not None else f"replica {self.replica_id}"
+        self.cores = apply_cpu_settings(settings, rank.local_rank if rank is not None else 0)
+        pipeline = build_pipeline(settings)
+        self.device = str(getattr(pipeline, "device", settings.device or "cpu"))
+        self.engine = Engine(pipeline, mode=settings.mode, max_batch_requests=settings.max_batch,
+                             limits=settings.limits).start()
+        if settings.compile:
+            from engine.warmup import warm_up
+
+            defaults = self.engine.info.defaults
+            warm_up(self.engine, [(defaults.width, defaults.height)])
+        log.info("%s: %s on %s, cores %s", self.label, self.engine.info.name, self.device, self.cores)
+
+    async def describe(self) -> ReplicaDescription:
+        engine = self.engine
+        return ReplicaDescription(
+            info=engine.info, limits=engine.limits, mode=engine.mode, max_batch_requests=engine.max_batch_requests,
+            unit_cost=engine.unit_cost, has_unknown_words=callable(getattr(engine.pipeline, "unknown_words", None)),
+        )
+
+    async def prepare(self, params: GenerationParams) -> Prepared | Rejected:
+        engine = self.engine
+        try:
+            params = engine.prepare_params(params)
+            batch_key = engine.pipeline.batch_key(params)
+        except ValueError as error:
+            return Rejected.of(error, self.replica_id)
+        cost = request_cost(engine.pipeline, engine.info, params).total
+        return Prepared(params=params, batch_key=repr(batch_key), cost=cost)
+
+    async def generate(
+        self, params: GenerationParams, session_id: str, batch_key: str | None = None, avoid: tuple[str, ...] = ()
+    ) -> AsyncIterator[object]:
+        # batch_key and avoid are for the router (serve/router.py); the engine keys by itself.
+        try:
+            handle = self.engine.submit(params, session_id=session_id)
+        except (ValueError, AdmissionError) as error:
+            yield Rejected.of(error, self.replica_id)
+            return
+        yield Admitted(handle.request_id, self.replica_id, self.label)
+        try:
+            async for event in handle.stream():
+                yield event_to_wire(event)
+        finally:
+            handle.cancel()  # cancelled or closed early: abort at the next step boundary (a no-op once ended)
+
+    async def report(self) -> ReplicaReport:
+        engine = self.engine
+        return ReplicaReport(
+            replica_id=self.replica_id, replica=self.label, pid=os.getpid(), device=self.device,
+            clock=time.perf_counter(), snapshot=engine.snapshot(), metrics=engine.metrics.exposition(),
+            alive=engine.is_alive, failure=engine.failure,
+        )
+
+    async def unknown_words(self, prompt: str) -> tuple[str, ...]:
+        finder = getattr(self.engine.pipeline, "unknown_words", None)
+        return tuple(finder(prompt)) if finder is not None else ()
+
+    async def check_health(self) -> None:
+        if not self.engine.is_alive:
+            raise RuntimeError(f"the engine of {self.label} stopped: {self.engine.failure or 'closed'}")
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown("this engine replica is stopping")

@@ -1,0 +1,492 @@
+"""The studio's engine when the engines are Serve replicas: the interface of one `Engine`.
+
+    engine = ReplicatedEngine(serve.get_deployment_handle("EngineReplica", "stepstudio")).start()
+    handle = engine.submit(GenerationParams(prompt="a red circle"), session_id="tab-1")
+    async for event in handle.stream(): ...        # the engine's own events, relayed
+    engine.cancel(handle.request_id, "tab-1")       # the replica aborts at its next step boundary
+    engine.snapshot(), engine.metrics.exposition()  # every replica (serve/board.py)
+    engine.close()                                  # the replicas keep running: Serve owns them
+
+The studio calls `submit`, `cancel`, `prepare_params`, `snapshot`, `info`, `limits`, `mode`,
+`max_batch`, `metrics`, `is_alive`, `failure`, `shutdown`, `wait_stopped` and `pipeline`
+(for `unknown_words`); they behave as on one engine, with these differences:
+
+- `submit` and `prepare_params` cost one round trip to a replica (it checks the parameters
+  with its model and computes the batch key the router needs); a ValueError or AdmissionError
+  is raised in the caller as before. Admission limits (queue, per-session count and cost) are
+  applied here across all replicas, so a session's limit means the same as on one engine.
+- `RequestHandle` is the engine's own class: a relay task (one per request, on this facade's
+  own event loop thread) plays the engine thread, emitting each event the replica streams.
+- `cancel` (and `handle.cancel()`) cancels the request's downstream stream: the replica's
+  generator gets CancelledError and aborts the request at the engine's next step boundary;
+  the handle ends with `Aborted("cancelled by the user")` at once.
+- A replica that dies fails its requests with `Failed(..., stage="replica")` naming it; Serve
+  starts another, and new requests go to the replicas that are up. Nothing waits forever:
+  every call to a replica has a deadline, and a dead replica's streams raise at once.
+- `snapshot()` and `metrics` are what the replicas reported at most `refresh_s` ago.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge, generate_latest
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import RequestCancelledError
+
+from engine import (
+    Aborted,
+    EngineClosedError,
+    Event,
+    Failed,
+    GenerationParams,
+    QueueFullError,
+    RequestHandle,
+    ServingLimits,
+    SessionLimitError,
+)
+from engine.engine import SHUTDOWN_REASON
+from engine.events import FINAL_EVENTS, deliver_pending
+from pipelines.interface import PipelineInfo
+from serve.board import ReplicaBoard, ReplicatedSnapshot
+from serve.settings import REFRESH_S
+from serve.wire import Admitted, Prepared, Rejected, ReplicaDescription, ReplicaReport, event_from_wire
+
+log = logging.getLogger(__name__)
+
+CANCELLED_REASON = "cancelled by the user"
+SERVED_BY_KEPT = 4096  # requests whose replica `replica_of` still knows after they ended
+
+
+class ReplicasUnavailableError(QueueFullError):
+    """No engine replica answered in time (all busy starting, or being replaced): try again."""
+
+
+@dataclass
+class _Flight:
+    """One request from submit to its final event (fields written on the relay loop unless noted)."""
+
+    handle: RequestHandle  # written at submit
+    prepared: Prepared
+    cost: int
+    replica_id: str | None = None
+    replica: str | None = None
+    engine_request_id: str | None = None
+    stream: object = None  # the DeploymentResponseGenerator
+    stop: tuple[str, str] | None = None  # (reason, cause) once cancelled
+    task: asyncio.Task | None = field(default=None, repr=False)
+
+    @property
+    def request_id(self) -> str:
+        return self.handle.request_id
+
+    @property
+    def session_id(self) -> str:
+        return self.handle.session_id
+
+
+class ReplicatedMetrics:
+    """`exposition()`: every replica's engine metrics (label `replica`) and the facade's own."""
+
+    def __init__(self, board: ReplicaBoard) -> None:
+        self._board = board
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.replicas_live = Gauge("stepstudio_replicas_live", "Engine replicas that reported recently", registry=r)
+        self.requests_in_flight = Gauge(
+            "stepstudio_replicated_requests_in_flight", "Requests submitted through this studio and not ended", registry=r)
+        self.requests_lost = PromCounter(
+            "stepstudio_replica_lost_requests", "Requests failed because their engine replica died", registry=r)
+        self.requests_rejected = PromCounter(
+            "stepstudio_replicated_requests_rejected", "Submissions refused by the studio's admission", ["reason"],
+            registry=r)
+        for reason in ("invalid", "queue_full", "session_limit", "closed", "unavailable"):
+            self.requests_rejected.labels(reason)
+
+    def exposition(self) -> bytes:
+        return self._board.exposition() + generate_latest(self.registry)
+
+
+class _RemotePipeline:
+    """`engine.pipeline` as the studio uses it: `unknown_words` asks a replica."""
+
+    def __init__(self, engine: "ReplicatedEngine") -> None:
+        self._engine = engine
+
+    def unknown_words(self, prompt: str) -> tuple[str, ...]:
+        try:
+            engine = self._engine
+            return engine._call(lambda: engine._handle.unknown_words.remote(prompt), engine.call_timeout_s)
+        except Exception:  # noqa: BLE001 - a hint under the prompt box; never an error for the user
+            log.warning("no replica answered unknown_words", exc_info=True)
+            return ()
+
+
+class ReplicatedEngine:
+    def __init__(self, handle, *, refresh_s: float = REFRESH_S, call_timeout_s: float = 30.0,
+                 start_timeout_s: float = 600.0) -> None:
+        self._handle = handle  # DeploymentHandle of the EngineReplica deployment
+        self.refresh_s = refresh_s
+        self.call_timeout_s = call_timeout_s  # prepare, describe, unknown_words, each report round
+        self.start_timeout_s = start_timeout_s  # the first describe waits for a replica to load its model
+        self._board = ReplicaBoard(stale_after_s=max(2.0, 4 * refresh_s))
+        self.metrics = ReplicatedMetrics(self._board)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="stepstudio-replicas", daemon=True)
+        self._description: ReplicaDescription | None = None
+        self._refresher: asyncio.Task | None = None
+        self._snapshot: ReplicatedSnapshot = self._board.snapshot({})
+        self._stopped = threading.Event()
+        # Written by callers under the lock (admission, cancel ownership, closing).
+        self._lock = threading.Lock()
+        self._closed = False
+        self._flights: dict[str, _Flight] = {}
+        self._count_by_session: Counter[str] = Counter()
+        self._cost_by_session: Counter[str] = Counter()
+        self._our_ids: dict[str, str] = {}  # replica engine id -> our request id
+        self._served_by: OrderedDict[str, str] = OrderedDict()  # our request id -> replica label (recent)
+        self.pipeline = _RemotePipeline(self)
+
+    # ------------------------------------------------------------------ the Engine interface
+    def start(self) -> "ReplicatedEngine":
+        """Start the relay loop and wait until a replica has described the model."""
+        if self._thread.is_alive():
+            raise RuntimeError("ReplicatedEngine.start() was already called.")
+        self._thread.start()
+        self._call(self._start, self.start_timeout_s)
+        return self
+
+    @property
+    def info(self) -> PipelineInfo:
+        return self._described().info
+
+    @property
+    def limits(self) -> ServingLimits:
+        return self._described().limits
+
+    @property
+    def mode(self) -> str:
+        return self._described().mode
+
+    @property
+    def max_batch_requests(self) -> int:
+        """Most requests in one forward, on each replica."""
+        return self._described().max_batch_requests
+
+    max_batch = max_batch_requests
+
+    @property
+    def unit_cost(self) -> int:
+        return self._described().unit_cost
+
+    @property
+    def is_alive(self) -> bool:
+        """At least one replica's engine runs, and this facade is open."""
+        return self._thread.is_alive() and not self._closed and self._board.live_count > 0
+
+    @property
+    def accepting(self) -> bool:
+        return not self._closed
+
+    @property
+    def failure(self) -> str | None:
+        """Why nothing can run now (no replica has reported lately), or None."""
+        if self._closed or self._board.live_count > 0:
+            return None
+        return f"no engine replica has reported in the last {self._board.stale_after_s:g} s"
+
+    @property
+    def replicas(self) -> list[ReplicaReport]:
+        """The latest report of every replica up now (label, pid, device, snapshot, ...)."""
+        return self._board.reports
+
+    @property
+    def requests_in_flight(self) -> int:
+        with self._lock:
+            return len(self._flights)
+
+    def replica_of(self, request_id: str) -> str | None:
+        """The label of the replica that took a request of ours (the last SERVED_BY_KEPT)."""
+        with self._lock:
+            return self._served_by.get(request_id)
+
+    def prepare_params(self, params: GenerationParams) -> GenerationParams:
+        """Model defaults, a seed, the model's and the server's limits (ValueError), by a replica."""
+        return self._prepared(params).params
+
+    def submit(self, params: GenerationParams, session_id: str = "default") -> RequestHandle:
+        """Queue a request on the replica the router picks; returns once the studio's admission
+        took it. ValueError for bad parameters, AdmissionError when full or closed."""
+        if self._closed:
+            self.metrics.requests_rejected.labels("closed").inc()
+            raise EngineClosedError("the studio is shutting down; no new requests are accepted.")
+        prepared = self._prepared(params)
+        handle = RequestHandle(request_id=uuid.uuid4().hex, session_id=session_id, params=prepared.params,
+                               _cancel=self.cancel)
+        flight = _Flight(handle, prepared, prepared.cost)
+        with self._lock:
+            self._admit_or_raise(flight)
+            self._flights[flight.request_id] = flight
+            self._count_by_session[session_id] += 1
+            self._cost_by_session[session_id] += flight.cost
+            self.metrics.requests_in_flight.set(len(self._flights))
+            # Scheduled under the lock: a shutdown (also under it) always comes after.
+            self._loop.call_soon_threadsafe(self._launch, flight)
+        return handle
+
+    def cancel(self, request_id: str, session_id: str | None = None, *, admin: bool = False) -> bool:
+        """Abort a request at its replica's next step boundary. Non-blocking. Only its own session
+        may cancel it (or `admin=True`): PermissionError otherwise. False when unknown or ended."""
+        with self._lock:
+            flight = self._flights.get(request_id)
+        if flight is None:
+            return False
+        if not admin and flight.session_id != session_id:
+            raise PermissionError(f"request {request_id[:8]} belongs to another session; it can't be cancelled from here.")
+        try:
+            self._loop.call_soon_threadsafe(self._stop_flight, flight, CANCELLED_REASON, "cancelled")
+        except RuntimeError:  # the relay loop is closed: the request ended with it
+            return False
+        return True
+
+    def snapshot(self) -> ReplicatedSnapshot:
+        return self._snapshot
+
+    def refresh(self) -> ReplicatedSnapshot:
+        """Gather every replica's report now (the views do it every `refresh_s` anyway)."""
+        self._call(self._refresh, self.call_timeout_s)
+        return self._snapshot
+
+    def shutdown(self, reason: str = SHUTDOWN_REASON) -> None:
+        """Stop admission and end every request of ours (Aborted, cause "shutdown"). Non-blocking.
+        The replicas keep running; `serve.shutdown()` stops them."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._thread.is_alive():
+                self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._stop_all(reason)))
+                return
+        self._stopped.set()  # never started
+
+    def close(self, timeout: float = 30.0) -> None:
+        self.shutdown()
+        if not self._stopped.wait(timeout):
+            raise TimeoutError(f"the relay loop did not stop within {timeout} s")
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)
+
+    # ------------------------------------------------------------------ admission (callers' threads)
+    def _prepared(self, params: GenerationParams) -> Prepared:
+        try:
+            answer = self._call(lambda: self._handle.prepare.remote(params), self.call_timeout_s)
+        except (TimeoutError, RayActorError) as error:
+            self.metrics.requests_rejected.labels("unavailable").inc()
+            raise ReplicasUnavailableError(
+                f"no engine replica answered within {self.call_timeout_s:g} s ({type(error).__name__}); "
+                "try again shortly.") from None
+        if isinstance(answer, Rejected):
+            self.metrics.requests_rejected.labels(answer.kind if answer.kind == "invalid" else "closed").inc()
+            raise answer.as_error()
+        return answer
+
+    def _admit_or_raise(self, flight: _Flight) -> None:
+        """The engine's admission rules, counted over every replica (under the lock)."""
+        limits, session = self.limits, flight.session_id
+        if self._closed:
+            self.metrics.requests_rejected.labels("closed").inc()
+            raise EngineClosedError("the studio is shutting down; no new requests are accepted.")
+        capacity = limits.max_queue * max(1, self._board.live_count)
+        if len(self._flights) >= capacity:
+            self.metrics.requests_rejected.labels("queue_full").inc()
+            raise QueueFullError(f"the queue is full ({capacity} requests in flight); try again shortly.")
+        in_flight = self._count_by_session[session]
+        if in_flight >= limits.max_per_session:
+            self.metrics.requests_rejected.labels("session_limit").inc()
+            raise SessionLimitError(
+                f"this session already has {in_flight} requests in flight "
+                f"(limit {limits.max_per_session}); wait for one to finish or cancel one.")
+        limit = limits.max_session_cost
+        if limit is not None and in_flight:
+            held = self._cost_by_session[session] / self.unit_cost
+            wanted = flight.cost / self.unit_cost
+            if held + wanted > limit:
+                self.metrics.requests_rejected.labels("session_limit").inc()
+                raise SessionLimitError(
+                    f"this session's requests in flight already cost {held:.1f} default requests and this one "
+                    f"costs {wanted:.1f} (rows x tokens x steps); the limit is {limit:g}: wait for one to finish "
+                    "or cancel one.")
+
+    def _release(self, flight: _Flight) -> None:
+        with self._lock:
+            if self._flights.pop(flight.request_id, None) is None:
+                return
+            session = flight.session_id
+            self._count_by_session[session] -= 1
+            self._cost_by_session[session] -= flight.cost
+            if self._count_by_session[session] <= 0:
+                del self._count_by_session[session]
+                del self._cost_by_session[session]
+            if flight.engine_request_id is not None:
+                self._our_ids.pop(flight.engine_request_id, None)
+            self.metrics.requests_in_flight.set(len(self._flights))
+
+    def _described(self) -> ReplicaDescription:
+        if self._description is None:
+            raise RuntimeError("call ReplicatedEngine.start() first: no replica has described the model yet.")
+        return self._description
+
+    def _call(self, make_awaitable, timeout_s: float):
+        """Await `make_awaitable()` on the relay loop (where every replica call is made) and wait
+        for its result from this, another, thread."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("a blocking replica call on the relay loop itself would never finish.")
+
+        async def run():
+            return await make_awaitable()
+
+        try:
+            future = asyncio.run_coroutine_threadsafe(run(), self._loop)
+        except RuntimeError:  # the loop is closed
+            raise EngineClosedError("the studio is shutting down; no new requests are accepted.") from None
+        try:
+            return future.result(timeout_s)
+        except TimeoutError:
+            future.cancel()
+            raise
+
+    # ------------------------------------------------------------------ the relay loop
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
+            self._stopped.set()
+
+    async def _start(self) -> None:
+        self._description = await self._handle.describe.remote()
+        await self._refresh()
+        self._refresher = asyncio.ensure_future(self._refresh_forever())
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            try:
+                await self._refresh()
+            except Exception:  # noqa: BLE001 - a bad round must not end the views for good
+                log.exception("gathering the replicas' reports failed")
+
+    async def _refresh(self) -> None:
+        try:
+            answers = await self._handle.broadcast("report").results_async(
+                timeout_s=self.call_timeout_s, return_exceptions=True)
+        except TimeoutError:
+            answers = []
+        self._board.update([a for a in answers if isinstance(a, ReplicaReport)], received_at=time.perf_counter())
+        self.metrics.replicas_live.set(self._board.live_count)
+        with self._lock:
+            our_ids = dict(self._our_ids)
+        description = self._description
+        self._snapshot = self._board.snapshot(our_ids, description.mode, description.max_batch_requests)
+
+    def _launch(self, flight: _Flight) -> None:
+        flight.task = asyncio.ensure_future(self._relay(flight))
+
+    def _stop_flight(self, flight: _Flight, reason: str, cause: str) -> None:
+        if flight.stop is None:
+            flight.stop = (reason, cause)
+        if flight.stream is not None:
+            flight.stream.cancel()
+
+    async def _relay(self, flight: _Flight) -> None:
+        """Open the request's stream on a replica and emit its events through the handle."""
+        final: Event | None = None
+        try:
+            final = await self._stream_events(flight)
+        except RequestCancelledError:
+            reason, cause = flight.stop or (CANCELLED_REASON, "cancelled")
+            final = Aborted(reason, cause=cause)
+        except RayActorError as error:
+            final = self._lost(flight, error)
+        except asyncio.CancelledError:  # the relay loop itself is stopping
+            final = Aborted(SHUTDOWN_REASON, cause="shutdown")
+        except Exception as error:  # noqa: BLE001 - whatever broke the stream, the caller gets an answer
+            log.exception("the stream of request %s broke", flight.request_id[:8])
+            final = Failed(f"the request's stream from {flight.replica or 'its engine replica'} broke "
+                           f"({type(error).__name__}: {error})", stage="replica")
+        finally:
+            self._release(flight)  # the slot is free before the caller sees the end, as on one engine
+            flight.handle.emit(final or Failed("the request's stream ended without a result", stage="replica"))
+            deliver_pending()
+
+    async def _stream_events(self, flight: _Flight) -> Event:
+        """Until the final event; a replica that refuses for its own reasons (full, closed,
+        broken) is avoided and the next one tried."""
+        avoid: list[str] = []
+        while True:
+            if flight.stop is not None:
+                raise RequestCancelledError(flight.request_id)
+            flight.stream = self._handle.options(stream=True).generate.remote(
+                flight.prepared.params, session_id=flight.session_id, batch_key=flight.prepared.batch_key,
+                avoid=tuple(avoid))
+            async for item in flight.stream:
+                if isinstance(item, Admitted):
+                    self._admitted(flight, item)
+                    continue
+                if isinstance(item, Rejected):
+                    if item.is_replica_trouble and len(avoid) < max(1, len(self._board.reports)):
+                        avoid.append(item.replica_id)
+                        break
+                    return Failed(item.message, stage="admission")
+                event = event_from_wire(item, self._board.clock_offset(flight.replica_id or ""))
+                if isinstance(event, FINAL_EVENTS):
+                    return self._as_replica_failure(flight, event)
+                flight.handle.emit(event)
+                deliver_pending()
+            else:
+                return Failed(f"{flight.replica or 'the engine replica'} ended the stream without a result",
+                              stage="replica")
+
+    def _admitted(self, flight: _Flight, item: Admitted) -> None:
+        flight.replica_id, flight.replica, flight.engine_request_id = item.replica_id, item.replica, item.request_id
+        with self._lock:
+            self._our_ids[item.request_id] = flight.request_id
+            self._served_by[flight.request_id] = item.replica
+            while len(self._served_by) > SERVED_BY_KEPT:
+                self._served_by.popitem(last=False)
+
+    def _as_replica_failure(self, flight: _Flight, event: Event) -> Event:
+        """A replica's engine crash fails its requests, not the service: say so."""
+        if isinstance(event, Failed) and event.stage == "engine":
+            return Failed(f"{event.message} ({flight.replica}; the other replicas keep serving)", stage="replica")
+        return event
+
+    def _lost(self, flight: _Flight, error: RayActorError) -> Failed:
+        self.metrics.requests_lost.inc()
+        if flight.replica_id is not None:
+            self._board.forget(flight.replica_id)
+        who = flight.replica or "its engine replica"
+        return Failed(f"{who} stopped while serving this request ({type(error).__name__}); the other replicas "
+                      "keep serving: submit it again.", stage="replica")
+
+    async def _stop_all(self, reason: str) -> None:
+        """Shutdown: abort every request of ours, then end the relay loop."""
+        with self._lock:
+            flights = list(self._flights.values())
+        for flight in flights:
+            self._stop_flight(flight, reason, "shutdown")
+        tasks = [f.task for f in flights if f.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.call_timeout_s)
+        if self._refresher is not None:
+            self._refresher.cancel()
+            await asyncio.gather(self._refresher, return_exceptions=True)
+        self._loop.stop()

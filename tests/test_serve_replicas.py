@@ -1,0 +1,166 @@
+"""Two engine replicas on a local Ray cluster, through the studio's facade (`ReplicatedEngine`).
+
+One cluster for the module: 2 replicas of the toy model (a real step engine each, one core
+each, 4 requests per forward, 50 ms per step), the Serve router of serve/router.py, no HTTP
+proxy. Checked: events streamed from a replica (previews included) give the same image as a
+local engine; a cancel reaches the replica and frees its slot within a step; requests join the
+replica that runs their batch key until its batch is full; the queue view and /metrics show
+both replicas; admission counts a session's requests on every replica.
+Needs the `serve` extra (pip install -e '.[serve]'); skipped without it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install -e '.[serve]')")
+
+from engine import Aborted, Completed, Engine, GenerationParams, Progress, Queued, ServingLimits, SessionLimitError  # noqa: E402
+from pipelines.toy import ToyPipeline  # noqa: E402
+from serve.local import local_replicas  # noqa: E402
+from serve.settings import ReplicaSettings, ServeSettings  # noqa: E402
+from studio.ui import render_queues  # noqa: E402
+
+STEP_S = 0.05
+MAX_BATCH = 4
+LONG = 400  # steps: a request that runs until it is cancelled
+
+
+@pytest.fixture(scope="module")
+def engine():
+    replica = ReplicaSettings(
+        model="toy", pipeline_factory="pipelines.toy:ToyPipeline", pipeline_kwargs=(("step_delay_s", STEP_S),),
+        max_batch=MAX_BATCH, limits=ServingLimits(max_steps=LONG, max_per_session=3), torch_threads=1, pin_cpus=True,
+    )
+    with local_replicas(ServeSettings(replica=replica, replicas=2, refresh_s=0.25)) as engine:
+        yield engine
+
+
+def _admitted(engine, params: GenerationParams, session: str):
+    """Submit, and wait until the replica's engine has queued it (so the next one is routed after)."""
+    handle = engine.submit(params, session_id=session)
+    assert isinstance(next(handle.events(timeout=60)), Queued)
+    return handle
+
+
+def _cancel_all(engine, handles) -> None:
+    for handle in handles:
+        handle.cancel()
+    for handle in handles:
+        assert isinstance(handle.result(timeout=30), Aborted)
+    assert engine.requests_in_flight == 0
+
+
+def _metric(engine, name: str, replica: str) -> float:
+    prefix = f'{name}{{replica="{replica}"'
+    values = [float(line.rsplit(" ", 1)[1]) for line in engine.metrics.exposition().decode().splitlines()
+              if line.startswith(prefix)]
+    assert len(values) == 1, (name, replica, values)
+    return values[0]
+
+
+def test_the_facade_describes_the_replicas_model_and_limits(engine):
+    assert (engine.info.name, engine.mode, engine.max_batch, engine.limits.max_per_session) == ("toy", "step", 4, 3)
+    assert sorted(report.replica for report in engine.replicas) == ["replica 0", "replica 1"]
+    assert len({report.pid for report in engine.replicas}) == 2
+    assert engine.is_alive and engine.failure is None
+    prepared = engine.prepare_params(GenerationParams(prompt="a red circle"))
+    assert (prepared.width, prepared.height, prepared.num_inference_steps) == (64, 64, 8)
+    assert isinstance(prepared.seed, int)
+    with pytest.raises(ValueError, match="width=60 must be a multiple of 8 for the toy model"):
+        engine.submit(GenerationParams(prompt="x", width=60), session_id="bad")
+    assert engine.requests_in_flight == 0
+
+
+def test_progress_and_previews_stream_from_a_replica_as_from_a_local_engine(engine):
+    params = GenerationParams(prompt="a red circle", num_inference_steps=6, seed=5, preview_every=2)
+    local = Engine(ToyPipeline(), max_batch_requests=MAX_BATCH).start()
+    try:
+        expected = list(local.submit(params, session_id="local").events(timeout=60))
+    finally:
+        local.close()
+    handle = engine.submit(params, session_id="stream")
+    events = list(handle.events(timeout=60))
+    assert [type(e).__name__ for e in events] == ["Queued", "Started"] + ["Progress"] * 6 + ["Completed"]
+    progress = [e for e in events if isinstance(e, Progress)]
+    assert [(p.step, p.total, p.batch_size) for p in progress] == [(step, 6, 1) for step in range(1, 7)]
+    with_preview = [(p.step, p.preview.size) for p in progress if p.preview is not None]
+    assert with_preview == [(2, (8, 8)), (4, (8, 8))]
+    assert with_preview == [(e.step, e.preview.size) for e in expected if isinstance(e, Progress) and e.preview]
+    final = events[-1]
+    assert (final.seed, final.params, final.images[0].size) == (5, expected[-1].params, (64, 64))
+    assert final.images[0].tobytes() == expected[-1].images[0].tobytes()
+    assert engine.replica_of(handle.request_id) in ("replica 0", "replica 1")
+    assert engine.requests_in_flight == 0
+
+
+def test_a_cancel_reaches_the_replica_and_frees_its_slot_within_a_step(engine):
+    handle = _admitted(engine, GenerationParams(prompt="long", num_inference_steps=LONG, seed=1), "cancel")
+    for event in handle.events(timeout=60):
+        if isinstance(event, Progress) and event.step >= 3:
+            break
+    replica = engine.replica_of(handle.request_id)
+    engine.refresh()
+    cancels_before = _metric(engine, "stepstudio_cancel_latency_seconds_count", replica)
+    latency_before = _metric(engine, "stepstudio_cancel_latency_seconds_sum", replica)
+    aborted_before = dict(engine.snapshot().replicas)[replica].stats.finished.get("aborted", 0)
+
+    assert engine.cancel(handle.request_id, "cancel") is True
+    assert handle.result(timeout=10) == Aborted("cancelled by the user", cause="cancelled")
+    assert engine.requests_in_flight == 0
+    # The replica's engine aborts it at its next step boundary: the request leaves its snapshot.
+    deadline = time.monotonic() + 10
+    while True:
+        part = dict(engine.refresh().replicas)[replica]
+        if part.stats.finished.get("aborted", 0) == aborted_before + 1:
+            break
+        assert time.monotonic() < deadline, "the replica never aborted the request"
+    assert handle.request_id not in [view.request_id for view in part.requests]
+    assert _metric(engine, "stepstudio_cancel_latency_seconds_count", replica) == cancels_before + 1
+    # Its own measure, from the cancel reaching the engine to the slot freed: at most one step.
+    step_s = part.stats.stages.denoise_step_s
+    assert _metric(engine, "stepstudio_cancel_latency_seconds_sum", replica) - latency_before <= 1.5 * step_s
+
+
+def test_requests_join_the_replica_running_their_batch_key_until_its_batch_is_full(engine):
+    sizes = [64, 32, 64, 32, 64, 64, 64]
+    handles = [_admitted(engine, GenerationParams(prompt=f"request {i}", width=size, height=size,
+                                                  num_inference_steps=LONG), f"route-{i}")
+               for i, size in enumerate(sizes)]
+    placed = [engine.replica_of(handle.request_id) for handle in handles]
+    first, second = placed[0], placed[1]
+    assert first != second
+    # 64 px requests join the first replica until it holds a full batch of 4; the 5th goes to
+    # the least loaded replica (2 requests against 4).
+    assert placed == [first, second, first, second, first, first, second]
+
+    # The queue view and /metrics show both replicas, each with its own requests.
+    snapshot = engine.refresh()
+    parts = dict(snapshot.replicas)
+    assert sorted(parts) == ["replica 0", "replica 1"]
+    on = {label: {view.request_id for view in part.requests} for label, part in parts.items()}
+    assert on[first] == {handles[i].request_id for i in (0, 2, 4, 5)}
+    assert on[second] == {handles[i].request_id for i in (1, 3, 6)}
+    assert {view.request_id for view in snapshot.requests} == {handle.request_id for handle in handles}
+    html = render_queues(snapshot, "route-0", show_prompts=False)
+    assert html.count('class="ss-replica"') == 2
+    mine = html.split(f'data-replica="{first}"')[1].split('class="ss-replica"')[0]
+    assert f"<code>{handles[0].request_id[:8]}</code>" in mine and "<td>you</td>" in mine
+    for label, count in ((first, 4), (second, 3)):
+        queued = _metric(engine, "stepstudio_queue_depth", label) + _metric(engine, "stepstudio_running_requests", label)
+        assert queued == count
+    _cancel_all(engine, handles)
+
+
+def test_a_sessions_limit_counts_its_requests_on_every_replica(engine):
+    handles = [_admitted(engine, GenerationParams(prompt=f"mine {size}", width=size, height=size,
+                                                  num_inference_steps=LONG), "limited")
+               for size in (64, 32, 16)]
+    assert {engine.replica_of(handle.request_id) for handle in handles} == {"replica 0", "replica 1"}
+    with pytest.raises(SessionLimitError, match=r"this session already has 3 requests in flight \(limit 3\)"):
+        engine.submit(GenerationParams(prompt="one more"), session_id="limited")
+    with pytest.raises(PermissionError, match="belongs to another session"):
+        engine.cancel(handles[0].request_id, "someone else")
+    _cancel_all(engine, handles)
