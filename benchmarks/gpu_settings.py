@@ -1,0 +1,80 @@
+"""What the GPU check runs, at two scales: the real one (CUDA, bf16, FLUX.1-dev-sized) and the
+dry run (CPU, float32, a 2-block FLUX), which runs the very same code in well under a minute."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from benchmarks.gpu_stand_in import FLUX_DEV, TINY, StandInConfig
+
+SECTIONS = ("parity", "memory", "serving", "compile")
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    name: str
+    device: str
+    dtype: str
+    stand_in: StandInConfig
+    memory_sizes: tuple[int, ...]  # square images, pixels
+    memory_batches: tuple[int, ...]
+    serving_size: int  # step vs request vs one-at-a-time
+    serving_requests: int
+    serving_steps: tuple[int, ...]  # the workload's step counts
+    curve_size: int  # the batching curve
+    curve_batches: tuple[int, ...]
+    curve_steps: int
+    # torch.compile backend of the compile section: "inductor" is what the studio's --compile
+    # uses (pipelines.loader.compile_denoiser); "eager" only traces (proves the plumbing fast);
+    # None: the section is recorded as skipped.
+    compile_backend: str | None
+    budget_s: float  # the default --time-budget
+    plan_s: dict  # section -> planned seconds (see benchmarks/gpu_budget.py)
+    torch_threads: int | None = None  # None: torch's default
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["stand_in"] = {"label": self.stand_in.label, "text_tokens": self.stand_in.text_tokens,
+                            **self.stand_in.transformer}
+        return data
+
+
+GPU = CheckSettings(
+    name="gpu",
+    device="cuda",
+    dtype="bfloat16",
+    stand_in=FLUX_DEV,
+    memory_sizes=(512, 1024),
+    memory_batches=(1, 2, 4, 8, 16),
+    serving_size=1024,
+    serving_requests=8,
+    serving_steps=(4, 8),
+    curve_size=512,
+    curve_batches=(1, 2, 4, 8, 12, 16),
+    curve_steps=8,
+    compile_backend="inductor",
+    budget_s=450.0,  # 8 minutes less a margin for estimates that run over
+    # Startup (imports, CUDA) comes out of the first section's share.
+    plan_s={"parity": 70.0, "memory": 50.0, "serving": 150.0, "compile": 170.0},
+)
+
+DRY_RUN = CheckSettings(
+    name="dry-run",
+    device="cpu",
+    dtype="float32",
+    stand_in=TINY,
+    memory_sizes=(64, 128),
+    memory_batches=(1, 2),
+    serving_size=128,
+    serving_requests=4,
+    serving_steps=(2, 4),
+    curve_size=64,
+    curve_batches=(1, 2),
+    curve_steps=3,
+    # Inductor needs minutes on this CPU even for the 2-block model (measured: about 4 min).
+    compile_backend=None,
+    budget_s=60.0,
+    plan_s={"parity": 35.0, "memory": 5.0, "serving": 15.0, "compile": 5.0},
+    # Tiny tensors: one thread beats a thread pool on a shared, busy CPU (measured 7x faster here).
+    torch_threads=1,
+)

@@ -1,0 +1,110 @@
+"""The GPU check can't rot before a GPU comes: its dry run (the same code on the CPU, tiny
+models, float32) runs every section here, and each one must come back with measured values."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.gpu_budget import TimeBudget
+from benchmarks.gpu_settings import DRY_RUN
+from pipelines.loader import FAMILIES
+
+ROOT = Path(__file__).resolve().parent.parent
+FLOAT32_BOUND = math.sqrt(torch.finfo(torch.float32).eps)
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """One dry run with every section, the compile one through the `eager` backend (Inductor
+    would take minutes on this CPU) and a budget that leaves this busy machine room."""
+    out = tmp_path_factory.mktemp("gpu-check")
+    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry-run", "--compile-backend", "eager",
+               "--time-budget", "240", "--out-dir", str(out)]
+    finished = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    report = json.loads((out / "gpu_check_dry_run.json").read_text())
+    return report, (out / "gpu_check_dry_run.md").read_text(), finished.stdout
+
+
+def test_every_section_ran_and_nothing_was_skipped(dry_run):
+    report, _, _ = dry_run
+    for name, section in report["sections"].items():
+        assert section["status"] == "ran", (name, section.get("error"))
+        assert section["skipped"] == [], (name, section["skipped"])
+    assert 0 < report["wall_s"] <= report["budget_s"]
+
+
+def test_every_registered_family_matches_its_stock_pipeline_alone_and_co_batched(dry_run):
+    parity = dry_run[0]["sections"]["parity"]
+    rows = parity["rows"]
+    assert {row["class"] for row in rows} == set(FAMILIES)
+    for row in rows:
+        assert "error" not in row, row
+        assert row["passed"] and row["finite"], row
+        assert row["latent_bound"] == pytest.approx(FLOAT32_BOUND * max(1.0, row["latent_magnitude"]))
+        assert 0 <= row["max_abs_diff"] <= row["latent_bound"], row
+        assert row["uint8_diff"] <= row["uint8_bound"] == 1, row
+        assert "SDPA" in row["attention_kernels"], row
+    for family in {row["family"] for row in rows}:
+        runs = [row for row in rows if row["family"] == family]
+        assert [row["run"] for row in runs] == ["alone", "co-batched 1/2", "co-batched 2/2"]
+        assert all(row["shared_forwards"] >= 4 for row in runs[1:]), runs  # both requests' first 4 steps
+
+
+def test_memory_rows_for_every_size_and_batch(dry_run):
+    memory = dry_run[0]["sections"]["memory"]
+    assert memory["parameters"] > 0 and memory["weights_gib"] > 0 and memory["init_s"] > 0
+    measured = {(row["size"], row["batch"]) for row in memory["rows"]}
+    assert measured == {(size, batch) for size in DRY_RUN.memory_sizes for batch in DRY_RUN.memory_batches}
+    for row in memory["rows"]:
+        assert row["forward_s"] > 0 and row["finite"], row
+        assert row["peak_gib"] is None  # the CPU has no allocator statistics
+    assert "SDPA" in memory["attention_kernels"]
+
+
+def test_serving_rows_have_positive_throughput_and_latencies_in_step_times(dry_run):
+    serving = dry_run[0]["sections"]["serving"]
+    modes = serving["modes"]
+    assert modes["stand_in_against_stock"]["passed"], modes["stand_in_against_stock"]
+    assert [row["system"].split(" (")[0] for row in modes["rows"]] == ["one at a time", "request mode", "step mode"]
+    for row in modes["rows"]:
+        assert row["completed"] == DRY_RUN.serving_requests - 1 and row["aborted"] == 1 and row["failed"] == 0
+        assert row["images_per_s"] == pytest.approx(row["completed"] / row["wall_s"])
+        assert row["images_per_s"] > 0 and row["step_unit_s"] > 0
+        assert row["admission_p50_steps"] is not None and row["cancel_client_steps"] is not None
+    step = modes["rows"][2]
+    assert step["cancel_engine_steps"] is not None and step["mean_batch"] > 1  # arrivals joined running requests
+    ratio = modes["targets"]["step_over_request"]
+    assert ratio["value"] == pytest.approx(step["images_per_s"] / modes["rows"][1]["images_per_s"])
+    for curve in (serving["curve"], dry_run[0]["sections"]["compile"]):
+        assert [row["batch"] for row in curve["rows"]] == list(DRY_RUN.curve_batches)
+        for row in curve["rows"]:
+            assert row["images_per_s"] > 0 and row["forwards_by_batch_size"] == {str(row["batch"]): DRY_RUN.curve_steps}
+    compiled = dry_run[0]["sections"]["compile"]
+    assert compiled["backend"] == "eager" and compiled["first_call_s"] > 0
+
+
+def test_the_markdown_has_every_table_and_is_printed(dry_run):
+    _, markdown, printed = dry_run
+    for heading in ("### Correctness", "### Memory", "### Serving at", "### Batching curve", "### Skipped or failed"):
+        assert heading in markdown
+    assert markdown in printed
+
+
+def test_budget_sections_leave_later_sections_their_planned_time():
+    now = [100.0]
+    budget = TimeBudget(60.0, {"a": 10.0, "b": 20.0, "c": 30.0}, clock=lambda: now[0])
+    assert budget.section("a").deadline == 100.0 + 60 - 50  # b and c keep 50 s
+    now[0] = 105.0  # a finished early: b may use a's leftover
+    b = budget.section("b")
+    assert b.deadline == 100.0 + 60 - 30 and b.left() == 25.0
+    assert b.run_if_it_fits("small", 5.0, lambda: "ran") == "ran"
+    assert b.run_if_it_fits("too big", 30.0, lambda: "ran") is None
+    assert b.skipped == [{"what": "too big", "reason": "needs about 30 s; 25 s were left in this section"}]
+    squeezed = TimeBudget(30.0, {"a": 10.0, "b": 50.0}, clock=lambda: 0.0)  # plans scaled to fit
+    assert squeezed.plan == {"a": 5.0, "b": 25.0}
