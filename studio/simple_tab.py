@@ -218,7 +218,8 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
             for branch in view.branches:
                 if branch.result is not None and branch.branch.index not in recorded:
                     recorded.add(branch.branch.index)
-                    results.add(session, final_media(branch.result, fps=fps), settings_caption(branch.result))
+                    results.add(session, (run.sequence, branch.branch.index), final_media(branch.result, fps=fps),
+                                settings_caption(branch.result))
             outputs = tab_outputs(session)
             if first:
                 first = False

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 import threading
-from collections import OrderedDict, deque
+from collections import OrderedDict
 
 from PIL import Image
 
@@ -90,25 +90,30 @@ def latest_preview(runs: list[WorkflowRun]):
 
 
 class TabResults:
-    """Each tab's finished results, newest first, kept on the server (every handler of a tab
-    appends to the same list, so clicks that overlap never lose each other's images)."""
+    """Each tab's finished results, kept on the server (every handler of a tab adds to the same
+    list, so clicks that overlap never lose each other's images). Listed newest request first:
+    by the order the requests were made, not the order they finished in (requests that share
+    forwards finish in the same step)."""
 
     def __init__(self, per_tab: int = RESULTS_PER_TAB, tabs: int = TABS_KEPT) -> None:
-        self._results: OrderedDict[str, deque] = OrderedDict()
+        self._results: OrderedDict[str, list] = OrderedDict()
         self._per_tab, self._tabs = per_tab, tabs
         self._lock = threading.Lock()
 
-    def add(self, session_id: str, media: Image.Image | str, caption: str) -> None:
+    def add(self, session_id: str, order: tuple, media: Image.Image | str, caption: str) -> None:
+        """`order`: when the request was made, e.g. (run sequence, branch index)."""
         with self._lock:
-            results = self._results.setdefault(session_id, deque(maxlen=self._per_tab))
+            results = self._results.setdefault(session_id, [])
             self._results.move_to_end(session_id)
-            results.appendleft((media, caption))
+            results.append((order, media, caption))
+            results.sort(key=lambda item: item[0], reverse=True)
+            del results[self._per_tab:]
             while len(self._results) > self._tabs:
                 self._results.popitem(last=False)
 
     def of(self, session_id: str) -> list[tuple[Image.Image | str, str]]:
         with self._lock:
-            return list(self._results.get(session_id, ()))
+            return [(media, caption) for _, media, caption in self._results.get(session_id, ())]
 
     def forget(self, session_id: str) -> None:
         with self._lock:

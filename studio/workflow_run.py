@@ -21,6 +21,7 @@ at all. Aggregation: each node's state comes from the branches it takes part in.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import threading
 import uuid
@@ -48,6 +49,7 @@ from studio.workflow_compiler import Branch, CompiledWorkflow, with_run_settings
 
 RETRY_ADMISSION_S = 0.25  # when the engine refuses and none of the run's branches is in flight
 _SEED_RANGE = 2**32
+_RUN_SEQUENCE = itertools.count()
 
 WAITING, QUEUED, RUNNING = "waiting", "queued", "running"
 COMPLETED, ABORTED, FAILED = "completed", "aborted", "failed"
@@ -128,6 +130,7 @@ class WorkflowRun:
         self.compiled = compiled
         self.session_id = session_id
         self.run_id = uuid.uuid4().hex
+        self.sequence = next(_RUN_SEQUENCE)  # start order of runs in this process
         seeds = _random_sampler_seeds(compiled)
         problems, views = [], []
         for branch in compiled.branches:
