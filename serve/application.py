@@ -29,6 +29,8 @@ ENGINE_DEPLOYMENT = "EngineReplica"
 STUDIO_DEPLOYMENT = "StudioIngress"
 # Every open page, Gradio event stream and HTTP call is an ongoing request of the ingress.
 STUDIO_MAX_ONGOING = 4096
+# How long a stopping replica waits for its ongoing calls (an open page's event stream never ends).
+STOP_GRACE_S = 5.0
 
 
 @serve.ingress()
@@ -64,6 +66,8 @@ def engine_deployment(settings: ServeSettings):
             request_router_kwargs={"max_batch_requests": settings.replica.max_batch},
         ),
         health_check_period_s=5,
+        # Stopping: requests still running get this long, then the engine aborts them (Aborted).
+        graceful_shutdown_timeout_s=STOP_GRACE_S,
     )
 
 
@@ -74,7 +78,7 @@ def build_application(options: StudioOptions, settings: ServeSettings):
     engines = engine_deployment(settings).bind(settings.replica)
     studio = serve.deployment(
         StudioIngress, name=STUDIO_DEPLOYMENT, num_replicas=1, max_ongoing_requests=STUDIO_MAX_ONGOING,
-        ray_actor_options={"num_cpus": 0},
+        ray_actor_options={"num_cpus": 0}, graceful_shutdown_timeout_s=STOP_GRACE_S,
     )
     return studio.bind(engines, dataclasses.replace(options, share=False), settings.refresh_s)
 

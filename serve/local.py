@@ -46,12 +46,16 @@ def start_ray(settings: ServeSettings, log_to_driver: bool = True) -> None:
 
 
 def stop_ray() -> None:
-    """Serve's actors first (the application's replicas end gracefully), then Ray itself."""
+    """The application first (its studio and engines end while the proxy still answers), then
+    Serve's own actors, then Ray itself."""
     import ray
     from ray import serve
 
     try:
-        serve.shutdown()
+        try:
+            serve.delete(APP_NAME)
+        finally:
+            serve.shutdown()
     finally:
         ray.shutdown()
 

@@ -29,6 +29,7 @@ The studio calls `submit`, `cancel`, `prepare_params`, `snapshot`, `info`, `limi
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 import time
@@ -237,7 +238,7 @@ class ReplicatedEngine:
             self._cost_by_session[session_id] += flight.cost
             self.metrics.requests_in_flight.set(len(self._flights))
             # Scheduled under the lock: a shutdown (also under it) always comes after.
-            self._loop.call_soon_threadsafe(self._launch, flight)
+            self._soon(self._launch, flight)
         return handle
 
     def cancel(self, request_id: str, session_id: str | None = None, *, admin: bool = False) -> bool:
@@ -250,7 +251,7 @@ class ReplicatedEngine:
         if not admin and flight.session_id != session_id:
             raise PermissionError(f"request {request_id[:8]} belongs to another session; it can't be cancelled from here.")
         try:
-            self._loop.call_soon_threadsafe(self._stop_flight, flight, CANCELLED_REASON, "cancelled")
+            self._soon(self._stop_flight, flight, CANCELLED_REASON, "cancelled")
         except RuntimeError:  # the relay loop is closed: the request ended with it
             return False
         return True
@@ -271,7 +272,7 @@ class ReplicatedEngine:
                 return
             self._closed = True
             if self._thread.is_alive():
-                self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._stop_all(reason)))
+                self._soon(lambda: asyncio.ensure_future(self._stop_all(reason)))
                 return
         self._stopped.set()  # never started
 
@@ -345,7 +346,12 @@ class ReplicatedEngine:
 
     def _call(self, make_awaitable, timeout_s: float):
         """Await `make_awaitable()` on the relay loop (where every replica call is made) and wait
-        for its result from this, another, thread."""
+        for its result from this, another, thread.
+
+        The relay loop runs each call in an empty context, never the caller's: inside the
+        ingress, the caller's context holds the Serve request context of its HTTP call, and every
+        replica call made under it would carry that call's internal request id; Serve's router
+        tells calls apart by that id, so the second call of one HTTP request would never be routed."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("a blocking replica call on the relay loop itself would never finish.")
 
@@ -353,7 +359,7 @@ class ReplicatedEngine:
             return await make_awaitable()
 
         try:
-            future = asyncio.run_coroutine_threadsafe(run(), self._loop)
+            future = contextvars.Context().run(asyncio.run_coroutine_threadsafe, run(), self._loop)
         except RuntimeError:  # the loop is closed
             raise EngineClosedError("the studio is shutting down; no new requests are accepted.") from None
         try:
@@ -361,6 +367,10 @@ class ReplicatedEngine:
         except TimeoutError:
             future.cancel()
             raise
+
+    def _soon(self, callback, *args) -> None:
+        """Run `callback` on the relay loop, outside the caller's context (see `_call`)."""
+        self._loop.call_soon_threadsafe(callback, *args, context=contextvars.Context())
 
     # ------------------------------------------------------------------ the relay loop
     def _run_loop(self) -> None:

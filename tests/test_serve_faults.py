@@ -1,0 +1,76 @@
+"""A replica killed mid-run (SIGKILL, as an OOM kill or a lost node would): its requests fail at
+once with an error naming it, the other replica's requests finish, new requests succeed on the
+survivor, and Serve brings the replica count back. Nothing hangs: every wait has a deadline.
+Slow (a cluster of its own and Serve's replacement of the replica); needs the `serve` extra."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install -e '.[serve]')")
+
+from engine import Completed, Failed, GenerationParams, Progress, Queued, ServingLimits  # noqa: E402
+from serve.local import local_replicas  # noqa: E402
+from serve.settings import ReplicaSettings, ServeSettings  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+STEPS = 60  # 60 x 50 ms: the survivors are still running when the other replica dies
+
+
+@pytest.fixture(scope="module")
+def engine():
+    replica = ReplicaSettings(
+        model="toy", pipeline_factory="pipelines.toy:ToyPipeline", pipeline_kwargs=(("step_delay_s", 0.05),),
+        max_batch=4, limits=ServingLimits(max_steps=STEPS), torch_threads=1, pin_cpus=True,
+    )
+    with local_replicas(ServeSettings(replica=replica, replicas=2, refresh_s=0.25)) as engine:
+        yield engine
+
+
+def test_a_killed_replica_fails_its_requests_clearly_and_the_other_keeps_serving(engine):
+    handles = []
+    for i, size in enumerate((64, 32, 64, 32)):  # two batch keys: one per replica
+        handle = engine.submit(GenerationParams(prompt=f"request {i}", width=size, height=size,
+                                                num_inference_steps=STEPS), session_id=f"s{i}")
+        assert isinstance(next(handle.events(timeout=60)), Queued)
+        handles.append(handle)
+    for handle in handles:
+        assert any(isinstance(e, Progress) for e in handle.events(timeout=60))  # every one is running
+    placed = [engine.replica_of(handle.request_id) for handle in handles]
+    victim, survivor = placed[0], placed[1]
+    assert victim != survivor and placed == [victim, survivor, victim, survivor]
+    engine.refresh()
+    pids = {report.replica: report.pid for report in engine.replicas}
+    killed_at = time.monotonic()
+    os.kill(pids[victim], signal.SIGKILL)
+
+    finals = [handle.result(timeout=60) for handle in handles]
+    for index in (0, 2):
+        assert finals[index] == Failed(
+            f"{victim} stopped while serving this request (ActorDiedError); the other replicas keep serving: "
+            "submit it again.", stage="replica")
+    assert [type(finals[i]) for i in (1, 3)] == [Completed, Completed]
+    assert engine.requests_in_flight == 0
+    assert 'stepstudio_replica_lost_requests_total 2.0' in engine.metrics.exposition().decode().splitlines()
+
+    after = engine.submit(GenerationParams(prompt="after the kill", num_inference_steps=4), session_id="after")
+    assert isinstance(after.result(timeout=60), Completed)
+    assert engine.replica_of(after.request_id) == survivor
+
+    # Serve starts a replacement (the dead one's rank comes back with a new process).
+    deadline = killed_at + 180
+    while True:
+        reports = {report.replica: report.pid for report in engine.replicas}
+        if len(reports) == 2:
+            break
+        assert time.monotonic() < deadline, f"no replacement replica after 180 s: {reports}"
+        time.sleep(engine.refresh_s)  # pacing only: the board is refreshed on its own
+    assert reports[victim] != pids[victim] and reports[survivor] == pids[survivor]
+    again = [engine.submit(GenerationParams(prompt=f"again {size}", width=size, height=size, num_inference_steps=4),
+                           session_id=f"again{size}") for size in (64, 32)]
+    assert [type(handle.result(timeout=60)) for handle in again] == [Completed, Completed]

@@ -1,0 +1,176 @@
+"""The documented Serve config (serve/stepstudio.yaml) run as a user would: `serve run`, two CPU
+replicas of the built-in model behind the studio ingress, driven from outside through
+gradio_client and the HTTP API. Checked: a request streams every step; /metrics labels both
+replicas; a Cancel and a dropped HTTP connection abort on the replica; killing one replica
+mid-run fails its request clearly while the other's finishes, new requests succeed and Serve
+replaces the replica; stopping leaves no Ray process behind.
+Slow (a Ray cluster, the model loaded twice); needs the `serve` extra."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install -e '.[serve]')")
+yaml = pytest.importorskip("yaml")
+
+from gradio_client import Client  # noqa: E402
+from gradio_client.exceptions import AppError  # noqa: E402
+
+from studio.server import free_port  # noqa: E402
+from tests.studio_helpers import statuses, wait_for  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 420  # Ray, Serve, and two replicas loading the model on a busy 2-core machine
+LONG = 400  # steps of a request that is still running when the test acts on it
+
+
+def _ray_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if re.search(r"raylet|gcs_server|ray::", line)]
+
+
+def _replica_pids() -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines() if "ServeReplica:stepstudio:EngineReplica" in line]
+
+
+def _metric(base: str, name: str, labels: str) -> float:
+    text = httpx.get(base + "metrics", timeout=10).text
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(f"{name}{{{labels}")]
+    assert len(values) == 1, (name, labels, values)
+    return values[0]
+
+
+def _aborted_total(base: str) -> float:
+    return sum(_metric(base, "stepstudio_requests_finished_total", f'replica="replica {i}",status="aborted"')
+               for i in (0, 1))
+
+
+@pytest.fixture(scope="module")
+def studio(tmp_path_factory):
+    assert _ray_processes() == [], "a Ray cluster is already running here"
+    folder = tmp_path_factory.mktemp("serve-config")
+    config = yaml.safe_load((ROOT / "serve" / "stepstudio.yaml").read_text())
+    port = free_port()
+    config["http_options"] = {"host": "127.0.0.1", "port": port}
+    args = config["applications"][0]["args"]
+    args.update(outputs=str(folder / "outputs"), max_steps=LONG)  # long requests: seconds, not a blink
+    path = folder / "stepstudio.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = open(folder / "serve.log", "w")
+    process = subprocess.Popen([sys.executable, "-m", "ray.serve.scripts", "run", str(path)], cwd=ROOT,
+                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}/"
+
+    def healthy():
+        assert process.poll() is None, (folder / "serve.log").read_text()[-4000:]
+        try:
+            return httpx.get(base + "healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(healthy, timeout_s=START_TIMEOUT_S, what="the Serve application")
+        yield base
+    finally:
+        process.send_signal(signal.SIGINT)  # `serve run` then shuts the application, Serve and Ray down
+        try:
+            process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+    deadline = time.monotonic() + 60
+    while _ray_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)  # pacing only: Ray's workers exit on their own once the raylet is gone
+    assert _ray_processes() == []
+
+
+def _generate(client: Client, size: int, steps: int, seed: int = 1):
+    return client.submit(prompt="a large red circle on a blue background, left", negative_prompt="", width=size,
+                         height=size, steps=steps, guidance_scale=3.0, seed=seed, api_name="/generate")
+
+
+def _running(job, min_step: int = 1):
+    seen = [s for s in statuses(job) if s["state"] == "running" and s["step"] >= min_step]
+    return seen[-1] if seen else None
+
+
+def test_a_request_streams_every_step_through_the_studio(studio):
+    client = Client(studio, verbose=False)
+    job = _generate(client, 64, steps=12)
+    status, _, image_path = job.result(timeout=120)
+    assert status["state"] == "completed" and status["step"] == 12 and status["seed"] == 1
+    steps = [s["step"] for s in statuses(job) if s["state"] == "running" and s["step"] > 0]
+    assert steps == list(range(1, 13))
+    assert Path(image_path).is_file()
+
+
+def test_the_http_api_and_metrics_cover_both_replicas(studio):
+    body = {"prompt": "a small blue square on a black background, top", "n": 2, "seed": 3, "size": "64x64"}
+    response = httpx.post(studio + "v1/images/generations", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    assert [item["seed"] for item in response.json()["data"]] == [3, 4]
+    health = httpx.get(studio + "healthz", timeout=10).json()
+    assert (health["status"], health["model"], health["engine_alive"]) == ("ok", "shapes-flux", True)
+    text = httpx.get(studio + "metrics", timeout=10).text
+    assert set(re.findall(r'stepstudio_running_requests\{replica="([^"]+)"\}', text)) == {"replica 0", "replica 1"}
+    assert "stepstudio_replicas_live 2.0" in text.splitlines()
+
+
+def test_a_cancel_through_the_studio_aborts_on_the_replica(studio):
+    client = Client(studio, verbose=False)
+    before = _aborted_total(studio)
+    job = _generate(client, 64, steps=LONG)
+    status = wait_for(lambda: _running(job, min_step=2), timeout_s=120, what="a running request")
+    answer = client.predict(status["request_id"], api_name="/cancel")
+    assert answer["cancelled"] is True
+    final, _, _ = job.result(timeout=60)
+    assert (final["state"], final["message"]) == ("aborted", "cancelled by the user")
+    wait_for(lambda: _aborted_total(studio) == before + 1, timeout_s=30, what="the replica's abort")
+
+
+def test_a_dropped_http_connection_aborts_on_the_replica(studio):
+    before = _aborted_total(studio)
+    body = {"prompt": "a small green square on a black background, right", "num_inference_steps": LONG}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(studio + "v1/images/generations", json=body, timeout=httpx.Timeout(10, read=1.0))
+    wait_for(lambda: _aborted_total(studio) == before + 1, timeout_s=30, what="the replica's abort")
+
+
+def test_killing_a_replica_mid_run_fails_its_request_and_the_studio_keeps_serving(studio):
+    pids = _replica_pids()
+    assert len(pids) == 2
+    client = Client(studio, verbose=False)
+    jobs = [_generate(client, size, steps=LONG, seed=size) for size in (64, 32)]  # two batch keys: two replicas
+    for job in jobs:
+        wait_for(lambda job=job: _running(job, min_step=2), timeout_s=120, what="both requests running")
+    assert [statuses(job)[-1]["state"] for job in jobs] == ["running", "running"]
+    os.kill(pids[0], signal.SIGKILL)
+    outcomes = []
+    for job in jobs:  # /generate reports a failed request as an error carrying its message
+        try:
+            outcomes.append(job.result(timeout=120)[0]["state"])
+        except AppError as error:
+            outcomes.append(str(error))
+    assert "completed" in outcomes and len(outcomes) == 2
+    failure = next(outcome for outcome in outcomes if outcome != "completed")
+    assert re.fullmatch(r"replica \d stopped while serving this request \(ActorDiedError\); the other replicas "
+                        r"keep serving: submit it again\.", failure)
+    after = _generate(Client(studio, verbose=False), 64, steps=8)
+    assert after.result(timeout=120)[0]["state"] == "completed"
+    # Serve replaces the dead replica; /metrics shows two replicas again.
+    wait_for(lambda: len(_replica_pids()) == 2 and "stepstudio_replicas_live 2.0"
+             in httpx.get(studio + "metrics", timeout=10).text.splitlines(), timeout_s=300, what="a replacement")
+    assert pids[0] not in _replica_pids()
