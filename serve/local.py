@@ -85,8 +85,9 @@ def run_local(options: StudioOptions, settings: ServeSettings) -> int:
     from ray import serve
 
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     start_ray(settings)
+    # After ray.init, which installs handlers of its own: ours must be the ones that act.
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         serve.start(http_options={"host": options.host, "port": options.port})
         try:

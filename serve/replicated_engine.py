@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge, generate_latest
 from ray.exceptions import RayActorError
-from ray.serve.exceptions import RequestCancelledError
+from ray.serve.exceptions import DeploymentUnavailableError, RequestCancelledError
 
 from engine import (
     Aborted,
@@ -398,7 +398,7 @@ class ReplicatedEngine:
         try:
             answers = await self._handle.broadcast("report").results_async(
                 timeout_s=self.call_timeout_s, return_exceptions=True)
-        except TimeoutError:
+        except (TimeoutError, DeploymentUnavailableError):  # no replica now (starting, or being deleted)
             answers = []
         self._board.update([a for a in answers if isinstance(a, ReplicaReport)], received_at=time.perf_counter())
         self.metrics.replicas_live.set(self._board.live_count)
