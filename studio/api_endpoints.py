@@ -23,6 +23,7 @@ from studio.bridge import (
     session_id_of,
 )
 from studio.config import StudioOptions
+from studio.media import model_fps
 from studio.outputs import OutputStore, save_quietly
 from studio.queue_view import snapshot_as_dict
 from studio.workflow_ui import owner_for
@@ -45,7 +46,7 @@ def wire_api_endpoints(engine: Engine, config: StudioOptions, store: OutputStore
         preview = gr.Image(label="preview", format="jpeg", type="pil")
         media = gr.Video(label="video") if engine.info.output_kind == "video" else gr.Image(
             label="image", format="png", type="pil")
-    fps = int(engine.info.extras.get("fps", 16))
+    fps = model_fps(engine.info)
 
     async def generate(prompt: str, negative_prompt: str, width: int, height: int, steps: int,
                        guidance_scale: float, seed: int, request: gr.Request):

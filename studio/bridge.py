@@ -44,6 +44,7 @@ from engine import (
     Queued,
     Started,
 )
+from studio.media import write_mp4
 
 RANDOM_SEED = -1  # API value meaning "pick a random seed"
 
@@ -259,20 +260,11 @@ VIDEO_FILE_TTL_S = 600  # Gradio copies a returned file into its own cache; ours
 def frames_to_video(frames: tuple[Image.Image, ...], fps: int = 16) -> str:
     """Write frames to an mp4 file and return its path. Gradio copies it into its cache (and
     cleans that); the files here older than VIDEO_FILE_TTL_S go whenever a new one is written."""
-    import imageio_ffmpeg
-    import numpy as np
-
     VIDEO_DIR.mkdir(exist_ok=True)
     remove_files_older_than(VIDEO_DIR, VIDEO_FILE_TTL_S)
-    first = frames[0].convert("RGB")
     handle = tempfile.NamedTemporaryFile(prefix="stepstudio-", suffix=".mp4", delete=False, dir=VIDEO_DIR)
     handle.close()
-    writer = imageio_ffmpeg.write_frames(handle.name, first.size, fps=fps, macro_block_size=1, quality=7)
-    writer.send(None)
-    for frame in frames:
-        writer.send(np.ascontiguousarray(np.asarray(frame.convert("RGB"))))
-    writer.close()
-    return handle.name
+    return str(write_mp4(frames, handle.name, fps))
 
 
 def remove_files_older_than(folder: Path, age_s: float) -> int:

@@ -22,6 +22,7 @@ import gradio as gr
 from engine import Engine
 from pipelines.params import MIN_SIZE
 from studio.bridge import final_media, preview_image, session_id_of, settings_caption
+from studio.media import model_fps
 from studio.config import StudioOptions
 from studio.tab_queue import CANCEL_JS, TabResults, latest_preview, render_tab_queue
 from studio.workflow import WorkflowError
@@ -187,7 +188,7 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
                     browser_token: gr.BrowserState, live) -> None:
     """`live`: the page's LiveViews (its `render(session)` and `components`), redrawn with every update."""
     engine, config = runner.engine, runner.config
-    fps = int(engine.info.extras.get("fps", 16))
+    fps = model_fps(engine.info)
 
     def tab_outputs(session: str) -> dict:
         runs = runner.registry.runs_of(session)

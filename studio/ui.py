@@ -24,7 +24,7 @@ from studio.bridge import session_id_of
 from studio.config import StudioOptions
 from studio.graph_view import GRAPH_CSS, render_graph
 from studio.history_tab import build_history_tab, wire_history_tab
-from studio.media import write_mp4
+from studio.media import model_fps, write_mp4
 from studio.outputs import OutputStore
 from studio.queue_view import QUEUE_CSS, render_queue
 from studio.run_registry import RunRegistry
@@ -104,7 +104,7 @@ def _wire_live_views(views: LiveViews) -> None:
 
 def output_store(engine: Engine, config: StudioOptions) -> OutputStore:
     folder = Path(config.outputs).expanduser() if config.outputs else None
-    return OutputStore(folder, model=engine.info.name, fps=int(engine.info.extras.get("fps", 16)),
+    return OutputStore(folder, model=engine.info.name, fps=model_fps(engine.info),
                        write_video=write_mp4)
 
 

@@ -10,12 +10,10 @@ loop serves gradio_client callers through `/run_workflow`.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import io
 import itertools
 import json
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator
@@ -24,13 +22,14 @@ import gradio as gr
 from PIL import Image
 
 from engine import Engine
-from studio.bridge import preview_image, session_id_of
+from studio.bridge import final_media, preview_image, session_id_of
 from studio.config import StudioOptions
 from studio.workflow import Problem, WorkflowError, node_type_specs, parse_workflow
 from studio.workflow_compiler import CompiledWorkflow, WorkflowLimits, compile_workflow
+from studio.media import animated_gif, data_url, model_fps
 from studio.outputs import OutputStore, owner_key, save_quietly
 from studio.run_registry import RunRegistry
-from studio.workflow_run import BranchView, RunView, WorkflowRun, result_image
+from studio.workflow_run import BranchView, RunView, WorkflowRun
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -85,33 +84,37 @@ def _model_field_defaults(engine: Engine) -> dict[str, dict]:
 # ---------------------------------------------------------------------------- run state as JSON
 class RunStateEncoder:
     """RunView -> the JSON the editor and API callers get. Images become data URLs, each
-    encoded once (previews as small JPEGs, results and grids as PNGs)."""
+    encoded once: previews as small JPEGs, results and grids as PNGs, and a video's frames
+    (its preview, or its result) as a looping GIF."""
 
-    def __init__(self, preview_max_px: int) -> None:
+    def __init__(self, preview_max_px: int, fps: int = 8) -> None:
         self.preview_max_px = preview_max_px
+        self.fps = fps
         self._urls: dict[int, tuple[object, str]] = {}
         self._serial = itertools.count()
 
-    def _url(self, image: Image.Image | None, fmt: str) -> str | None:
-        if image is None:
+    def _url(self, media, fmt: str, max_px: int | None = None) -> str | None:
+        """`media`: a PIL image, or a video's frames (encoded as a GIF whatever `fmt` says)."""
+        if media is None:
             return None
-        cached = self._urls.get(id(image))
-        if cached is not None and cached[0] is image:
+        cached = self._urls.get(id(media))
+        if cached is not None and cached[0] is media:
             return cached[1]
-        buffer = io.BytesIO()
-        image.convert("RGB").save(buffer, format=fmt, **({"quality": 85} if fmt == "JPEG" else {}))
-        url = f"data:image/{fmt.lower()};base64," + base64.b64encode(buffer.getvalue()).decode()
-        self._urls[id(image)] = (image, url)
+        if isinstance(media, (list, tuple)):
+            url = data_url(animated_gif(media, self.fps, max_px), "image/gif")
+        else:
+            image = preview_image(media, max_px) if max_px else media
+            buffer = io.BytesIO()
+            image.convert("RGB").save(buffer, format=fmt, **({"quality": 85} if fmt == "JPEG" else {}))
+            url = data_url(buffer.getvalue(), f"image/{fmt.lower()}")
+        self._urls[id(media)] = (media, url)
         return url
 
-    def _preview(self, progress: BranchView) -> str | None:
-        preview = progress.preview
-        if isinstance(preview, (list, tuple)):  # a video's frames: show the middle one
-            preview = preview[len(preview) // 2] if preview else None
-        if preview is None:
+    def _result(self, progress: BranchView):
+        """An image's picture, or a video's frames."""
+        if progress.result is None:
             return None
-        small = preview_image(preview, self.preview_max_px)
-        return self._url(small, "JPEG")
+        return progress.result.images if progress.result.is_video else progress.result.images[0]
 
     def branch(self, progress: BranchView) -> dict:
         params = progress.params
@@ -132,8 +135,9 @@ class RunStateEncoder:
             "size": f"{params.width}x{params.height}",
             "request_id": progress.request_id,
             "message": progress.message,
-            "preview": self._preview(progress),
-            "image": self._url(result_image(progress), "PNG"),
+            "preview": self._url(progress.preview, "JPEG", self.preview_max_px),
+            "image": self._url(self._result(progress), "PNG", None if progress.result is None
+                               or not progress.result.is_video else self.preview_max_px),
         }
 
     def state(self, view: RunView, compiled: CompiledWorkflow) -> dict:
@@ -159,13 +163,12 @@ def invalid_state(error: WorkflowError) -> dict:
     return {"serial": id(error), "state": "invalid", "problems": error.as_dicts()}
 
 
-def results_gallery(view: RunView) -> list[tuple[Image.Image, str]]:
-    """Finished branches as (image, caption), grids first."""
+def results_gallery(view: RunView, fps: int) -> list[tuple[Image.Image | str, str]]:
+    """Finished branches as (image or video file, caption), grids first."""
     items = [(image, f"grid {node_id}") for node_id, image in view.grids.items()]
     for progress in view.branches:
-        image = result_image(progress)
-        if image is not None:
-            items.append((image, f"{progress.branch.label} · seed {progress.params.seed}"))
+        if progress.result is not None:
+            items.append((final_media(progress.result, fps=fps), f"{progress.branch.label} · seed {progress.params.seed}"))
     return items
 
 
@@ -186,6 +189,10 @@ class WorkflowRunner:
     config: StudioOptions
     registry: RunRegistry
     outputs: OutputStore | None = None
+
+    @property
+    def fps(self) -> int:
+        return model_fps(self.engine.info)
 
     def start(self, source: object, session_id: str) -> tuple[WorkflowRun, CompiledWorkflow]:
         """Raises WorkflowError naming every problem; nothing is submitted then."""
@@ -276,7 +283,7 @@ def cancel_from_page(registry: RunRegistry, event: gr.EventData, request: gr.Req
 def wire_workflow_tab(runner: WorkflowRunner, tab: WorkflowTab, browser_token: gr.BrowserState, live) -> None:
     """`live`: the page's LiveViews, redrawn with every update of the run."""
     async def run(workflow: str, token: str, request: gr.Request):
-        encoder = RunStateEncoder(runner.config.preview_max_px)
+        encoder = RunStateEncoder(runner.config.preview_max_px, runner.fps)
         session = session_id_of(request)
         try:
             started, compiled = runner.start(workflow, session)
@@ -289,7 +296,7 @@ def wire_workflow_tab(runner: WorkflowRunner, tab: WorkflowTab, browser_token: g
             finished = sum(b.result is not None for b in view.branches)
             if finished != finished_seen or view.is_final:
                 finished_seen = finished
-                outputs[tab.results] = results_gallery(view)
+                outputs[tab.results] = results_gallery(view, runner.fps)
             yield outputs
 
     tab.editor.submit(run, inputs=[tab.editor, browser_token], outputs=[tab.editor, tab.results, *live.components],
@@ -319,7 +326,7 @@ def wire_workflow_api(runner: WorkflowRunner) -> None:
         status has run_id, state, done/total and every branch's state, step, total, seed and
         preview (a data URL); images and grids fill in as branches finish.
         Cancel with /cancel_workflow and the run_id."""
-        encoder = RunStateEncoder(runner.config.preview_max_px)
+        encoder = RunStateEncoder(runner.config.preview_max_px, runner.fps)
         session = session_id_of(request)
         try:
             started, compiled = runner.start(workflow, session)
@@ -332,7 +339,8 @@ def wire_workflow_api(runner: WorkflowRunner) -> None:
             finished_seen = finished
             yield {
                 status: encoder.state(view, compiled),
-                images: [(result_image(b), b.branch.label) for b in view.branches if b.result] if changed else gr.skip(),
+                images: [(final_media(b.result, fps=runner.fps), b.branch.label) for b in view.branches if b.result]
+                if changed else gr.skip(),
                 grids: [(image, f"grid {node_id}") for node_id, image in view.grids.items()] if changed else gr.skip(),
             }
 
