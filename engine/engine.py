@@ -21,13 +21,14 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Hashable
+from typing import Hashable, Mapping
 
 from engine.activity import EngineActivity
 from engine.cost import RequestCost, request_cost
 from engine.events import Failed, RequestHandle, deliver_pending
 from engine.limits import EngineClosedError, EngineFailedError, QueueFullError, ServingLimits, SessionLimitError
 from engine.metrics import EngineMetrics
+from engine.models import ModelBatchKey, ModelSet
 from engine.request import Request, RequestStatus
 from engine.runner import ModelRunner
 from engine.scheduler import Mode, Scheduler
@@ -74,7 +75,7 @@ class Engine:
 
     def __init__(
         self,
-        pipeline: StepPipeline,
+        pipeline: StepPipeline | Mapping[str, StepPipeline] | list[StepPipeline],
         mode: Mode = "step",
         max_batch_requests: int = 8,
         limits: ServingLimits | None = None,
@@ -83,19 +84,22 @@ class Engine:
     ) -> None:
         if max_batch is not None:
             max_batch_requests = max_batch
-        self.pipeline = pipeline
-        self.limits = (limits or ServingLimits()).resolved_for(pipeline.info)
+        self.models = ModelSet(pipeline)
+        self.pipeline = self.models[None]  # the default model's pipeline
+        # The server's caps, resolved per model (an unset max size is each model's own size).
+        self._limits = {name: (limits or ServingLimits()).resolved_for(info) for name, info in self.models.infos.items()}
+        self.limits = self._limits[self.models.default]
         self.metrics = EngineMetrics()
         self._scheduler = Scheduler(mode=mode, max_batch_requests=max_batch_requests)
-        self._runner = ModelRunner(pipeline)
+        self._runner = ModelRunner(self.models.pipelines)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stopping = False  # a stop command was applied: the loop ends (engine thread only)
         self._stopped = threading.Event()  # the engine thread has ended (or never started and was closed)
         self._arrivals = itertools.count()
         # The cost of the model's default request: the unit of ServingLimits.max_session_cost.
-        default_request = resolve_defaults(GenerationParams(prompt="a default request"), pipeline.info.defaults)
-        self.unit_cost = self._cost(default_request).total
+        default_request = GenerationParams(prompt="a default request", model=self.models.default)
+        self.unit_cost = self._cost(resolve_defaults(default_request, self.pipeline.info.defaults)).total
         # Written by callers under the lock (admission control, cancel ownership, closing).
         self._lock = threading.Lock()
         self._closed = False
@@ -111,7 +115,17 @@ class Engine:
     # ------------------------------------------------------------------ public API
     @property
     def info(self) -> PipelineInfo:
+        """The default model's info."""
         return self.pipeline.info
+
+    @property
+    def infos(self) -> dict[str, PipelineInfo]:
+        """Every loaded model's info, by name (the default first)."""
+        return self.models.infos
+
+    def limits_for(self, model: str | None) -> ServingLimits:
+        """The server's caps as they apply to one model (ValueError for a model not loaded)."""
+        return self._limits[self.models.resolve(model)]
 
     @property
     def mode(self) -> str:
@@ -148,12 +162,15 @@ class Engine:
         return self
 
     def prepare_params(self, params: GenerationParams) -> GenerationParams:
-        """Fill in model defaults and a seed, then apply model and server limits (ValueError)."""
-        params = resolve_defaults(params, self.pipeline.info.defaults)
+        """Name the model, fill in its defaults and a seed, then apply the model's and the
+        server's limits (ValueError)."""
+        model = self.models.resolve(params.model)
+        pipeline = self.models[model]
+        params = resolve_defaults(replace(params, model=model), pipeline.info.defaults)
         if params.seed is None:
             params = replace(params, seed=random.SystemRandom().randrange(_SEED_RANGE))
-        self.pipeline.validate(params)
-        self.limits.check(params)
+        pipeline.validate(params)
+        self._limits[model].check(params)
         return params
 
     def submit(self, params: GenerationParams, session_id: str = "default") -> RequestHandle:
@@ -243,12 +260,14 @@ class Engine:
 
     # ------------------------------------------------------------------ admission
     def _batch_key(self, params: GenerationParams) -> Hashable:
-        key = self.pipeline.batch_key(params)
+        """The model's own key, scoped to the model: different models never share a forward."""
+        key = ModelBatchKey(params.model, self.models[params.model].batch_key(params))
         hash(key)  # an unhashable key is a pipeline bug: refuse it here, not on the engine thread
         return key
 
     def _cost(self, params: GenerationParams) -> RequestCost:
-        return request_cost(self.pipeline, self.pipeline.info, params)
+        pipeline = self.models[params.model]
+        return request_cost(pipeline, pipeline.info, params)
 
     def _admit_or_raise(self, request: Request) -> None:
         """Admission control (under the lock): closed, queue, per-session count and cost."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from engine.scheduler import RowResult, RunnerOutput, SchedulerOutput
 from pipelines.interface import Batch, BatchedPromptEncoding, RequestState, StepPipeline
@@ -52,11 +52,18 @@ class StageTimes:
 
 
 class ModelRunner:
-    def __init__(self, pipeline: StepPipeline) -> None:
-        self.pipeline = pipeline
+    """Runs each step on the pipeline of the batch's model (a batch never mixes models: the
+    model is part of the batch key)."""
+
+    def __init__(self, pipelines: Mapping[str, StepPipeline]) -> None:
+        self.pipelines = dict(pipelines)
         self.states: dict[str, RequestState] = {}  # request id -> state; empty when idle
         self.last_times = StageTimes()
         self._denoised: list[RequestState] = []  # finished denoising this step; decoded after the update
+
+    def pipeline_of(self, params) -> StepPipeline:
+        """The pipeline of a request's model (its params name it: the engine filled it in)."""
+        return self.pipelines[params.model or next(iter(self.pipelines))]
 
     def free(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
@@ -72,7 +79,7 @@ class ModelRunner:
             state = RequestState(request_id=request.request_id, params=request.params)
             started = time.perf_counter()
             try:
-                self.pipeline.prepare_encode(state)
+                self.pipeline_of(state.params).prepare_encode(state)
             except Exception as exc:  # noqa: BLE001 - isolate the failing request
                 log.exception("prepare_encode failed for %s", request.request_id)
                 errors[request.request_id] = _failure(request.request_id, "prepare_encode", exc)
@@ -113,8 +120,9 @@ class ModelRunner:
             if state.request_id not in self.states:  # cancelled after its last step: no image wanted
                 continue
             started = time.perf_counter()
+            pipeline = self.pipeline_of(state.params)
             try:
-                images = self.pipeline.post_decode(state)
+                images = pipeline.post_decode(state)
                 if not isinstance(images, (list, tuple)) or not images:
                     raise TypeError(f"post_decode returned {images!r}; a pipeline must return a non-empty list of images")
             except Exception as exc:  # noqa: BLE001
@@ -128,7 +136,7 @@ class ModelRunner:
                         steps_done=state.step_index,
                         total_steps=state.total_steps,
                         images=tuple(images),
-                        is_video=self.pipeline.info.output_kind == "video",
+                        is_video=pipeline.info.output_kind == "video",
                     )
                 )
             self.states.pop(state.request_id, None)
@@ -139,11 +147,12 @@ class ModelRunner:
     def _encode_prompts_together(self, new) -> float:
         """Several requests join this step: their prompts go through the text encoders in one
         call. Returns each request's share of that call's time (for the encode stage time)."""
-        if len(new) < 2 or not isinstance(self.pipeline, BatchedPromptEncoding):
+        pipeline = self.pipeline_of(new[0].params) if new else None  # joiners share the batch's model
+        if len(new) < 2 or not isinstance(pipeline, BatchedPromptEncoding):
             return 0.0
         started = time.perf_counter()
         try:
-            self.pipeline.encode_prompts([request.params for request in new])
+            pipeline.encode_prompts([request.params for request in new])
         except Exception:  # noqa: BLE001 - each prepare_encode then encodes, and fails, on its own
             log.warning("batched prompt encoding failed; encoding %d requests one by one", len(new), exc_info=True)
         return (time.perf_counter() - started) / len(new)
@@ -203,7 +212,7 @@ class ModelRunner:
         return predictions, errors
 
     def _checked_forward(self, rows: list[RequestState]) -> "dict[str, torch.Tensor]":
-        output = self.pipeline.denoise_step(Batch(tuple(rows)))
+        output = self.pipeline_of(rows[0].params).denoise_step(Batch(tuple(rows)))
         if len(output) != len(rows):
             raise RuntimeError(
                 f"denoise_step returned {len(output)} predictions for a batch of {len(rows)} rows; "
@@ -213,8 +222,9 @@ class ModelRunner:
 
     def _advance(self, state: RequestState, prediction: "torch.Tensor", times: StageTimes) -> RowResult:
         request_id = state.request_id
+        pipeline = self.pipeline_of(state.params)
         try:
-            self.pipeline.step_scheduler(state, prediction)
+            pipeline.step_scheduler(state, prediction)
             finite = state.latents is None or bool(state.latents.isfinite().all())
         except Exception as exc:  # noqa: BLE001
             log.exception("step_scheduler failed for %s", request_id)
@@ -236,7 +246,7 @@ class ModelRunner:
         if every and state.step_index % every == 0:
             started = time.perf_counter()
             try:
-                preview = self.pipeline.preview(state)
+                preview = pipeline.preview(state)
             except Exception:  # noqa: BLE001 - a preview is a nicety, never fatal
                 log.exception("preview failed for %s; continuing without it", request_id)
             times.preview_s.append(time.perf_counter() - started)

@@ -30,6 +30,7 @@ class RequestView:
     started_at: float | None
     batch: tuple[str, ...]  # request ids of the forward it is in now (shared tuple, includes itself)
     eta_s: float | None
+    model: str = ""  # the loaded model that makes it
 
     @property
     def batch_mates(self) -> tuple[str, ...]:
@@ -99,6 +100,7 @@ def build_snapshot(scheduler: "Scheduler", activity: EngineActivity) -> EngineSn
                 request_id=request.request_id,
                 session_id=request.session_id,
                 prompt=request.params.prompt,
+                model=request.params.model or "",
                 state="running",
                 step=request.steps_done,
                 total=request.total_steps,
@@ -120,6 +122,7 @@ def build_snapshot(scheduler: "Scheduler", activity: EngineActivity) -> EngineSn
                 request_id=request.request_id,
                 session_id=request.session_id,
                 prompt=request.params.prompt,
+                model=request.params.model or "",
                 state="waiting",
                 step=0,
                 total=request.total_steps,

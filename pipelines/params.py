@@ -21,6 +21,7 @@ MIN_SIZE = 8
 MAX_SIZE_ABSOLUTE = 8192
 MAX_FRAMES_ABSOLUTE = 1024
 MAX_SEED = 2**63 - 1
+MAX_MODEL_CHARS = 200
 
 
 def _check_int(name: str, value: object, low: int, high: int) -> None:
@@ -44,6 +45,8 @@ class GenerationParams:
     preview_every: int = 0
     # Name of a noise scheduler the pipeline offers (None = the checkpoint's default).
     scheduler: str | None = None
+    # Which loaded model makes it (None = the engine's default model; the engine fills it in).
+    model: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str):
@@ -83,6 +86,9 @@ class GenerationParams:
         _check_int("preview_every", self.preview_every, 0, MAX_STEPS_ABSOLUTE)
         if self.scheduler is not None and not isinstance(self.scheduler, str):
             raise ValueError(f"scheduler must be a name (string) or None, got {self.scheduler!r}.")
+        if self.model is not None and (not isinstance(self.model, str) or not 0 < len(self.model) <= MAX_MODEL_CHARS):
+            raise ValueError(f"model must be a loaded model's name (1..{MAX_MODEL_CHARS} characters) or None, "
+                             f"got {self.model!r:.60}.")
 
     @property
     def is_complete(self) -> bool:
