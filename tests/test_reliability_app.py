@@ -115,15 +115,6 @@ def test_sigterm_answers_every_caller_and_exits_0_within_seconds():
         assert "stopping: SIGTERM" in studio.output
 
 
-def test_an_engine_crash_fails_its_callers_and_exits_1():
-    with app_process("--port", "0", step_delay_s=0.0) as studio:
-        url = studio.url()
-        crashed = httpx.post(url + "v1/images/generations", json={"prompt": "[crash] now"}, timeout=30)
-        assert_openai_error(crashed, 503, code="engine_failed")
-        assert studio.wait() == 1, studio.output
-        assert "exiting with status 1: the engine stopped after an internal error (EngineCrash" in studio.output
-
-
 def test_a_busy_port_is_refused_before_the_model_loads():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -135,14 +126,16 @@ def test_a_busy_port_is_refused_before_the_model_loads():
     assert "LOADING THE MODEL" not in studio.output and "serving on" not in studio.output
 
 
-def test_share_without_internet_warns_and_keeps_serving():
-    with app_process("--port", "0", "--share") as studio:
+def test_share_without_internet_warns_and_serves_and_an_engine_crash_exits_1():
+    with app_process("--port", "0", "--share", step_delay_s=0.0) as studio:
         url = studio.url()
         wait_until(lambda: "no public link" in studio.output, timeout=60, what="the warning")
-        assert httpx.get(url + "healthz").status_code == 200
         assert "no route to the share server" in studio.output
-        studio.process.send_signal(signal.SIGTERM)
-        assert studio.wait() == 0, studio.output
+        assert httpx.get(url + "healthz").status_code == 200  # still serving
+        crashed = httpx.post(url + "v1/images/generations", json={"prompt": "[crash] now"}, timeout=30)
+        assert_openai_error(crashed, 503, code="engine_failed")
+        assert studio.wait() == 1, studio.output
+        assert "exiting with status 1: the engine stopped after an internal error (EngineCrash" in studio.output
 
 
 def test_a_whole_prompt_is_never_logged_in_one_line():
