@@ -45,9 +45,12 @@ class ReplicaBoard:
         self.stale_after_s = stale_after_s
         self._seen: dict[str, _Seen] = {}  # replica id -> latest report
 
-    def update(self, reports: list[ReplicaReport], received_at: float) -> None:
+    def update(self, reports: list[ReplicaReport], received_at: float, sent_at: float | None = None) -> None:
+        """Reports asked for at `sent_at` and in at `received_at` (our clock): each replica's clock
+        is taken to have read `report.clock` halfway between."""
+        midpoint = received_at if sent_at is None else (sent_at + received_at) / 2
         for report in reports:
-            self._seen[report.replica_id] = _Seen(report, received_at - report.clock, received_at)
+            self._seen[report.replica_id] = _Seen(report, midpoint - report.clock, received_at)
         self._seen = {rid: seen for rid, seen in self._seen.items() if received_at - seen.received_at <= self.stale_after_s}
 
     def forget(self, replica_id: str) -> None:

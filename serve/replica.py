@@ -8,7 +8,7 @@ Methods are what the facade (serve/replicated_engine.py) calls through Serve:
     generate(params, ...)      an async generator: `Admitted` or `Rejected`, then one item per
                                engine event until the final one
     report()                   this replica now: snapshot, metrics, liveness (`ReplicaReport`)
-    unknown_words(prompt)      the prompt words the model never learned (when it can tell)
+    unknown_words(prompt, model)  the prompt words a model never learned (when it can tell)
     check_health()             Serve's probe: an engine whose thread stopped fails it, and Serve
                                replaces the replica
 
@@ -30,6 +30,7 @@ from ray import serve
 
 from engine import AdmissionError, Engine, GenerationParams
 from engine.cost import request_cost
+from engine.models import ModelBatchKey
 from serve.settings import ReplicaSettings
 from serve.wire import Admitted, Prepared, Rejected, ReplicaDescription, ReplicaReport, event_to_wire
 
@@ -52,19 +53,17 @@ def apply_cpu_settings(settings: ReplicaSettings, local_rank: int) -> tuple[int,
     return cores
 
 
-def build_pipeline(settings: ReplicaSettings):
-    """The replica's model: `pipeline_factory` when set, else the loader (as app.py loads it)."""
+def build_pipelines(settings: ReplicaSettings) -> list:
+    """The replica's models: `pipeline_factory` when set, else the loader (as app.py loads them)."""
     if settings.pipeline_factory is not None:
         module, _, name = settings.pipeline_factory.partition(":")
         factory = getattr(importlib.import_module(module), name)
-        return factory(**dict(settings.pipeline_kwargs))
-    from pipelines.loader import BUILTIN_MODEL_DIR, LoadOptions, load_pipeline
+        return [factory(**dict(settings.pipeline_kwargs))]
+    from pipelines.loader import LoadOptions, load_pipeline
 
-    if settings.model == "builtin" and not (BUILTIN_MODEL_DIR / "model_index.json").is_file():
-        raise ValueError(f"the built-in model is not in {BUILTIN_MODEL_DIR} on this node.")
-    return load_pipeline(settings.model, LoadOptions(
-        device=settings.device, dtype=settings.dtype, compile_denoiser=settings.compile,
-        prompt_cache_size=settings.prompt_cache))
+    options = LoadOptions(device=settings.device, dtype=settings.dtype, compile_denoiser=settings.compile,
+                          prompt_cache_size=settings.prompt_cache)
+    return [load_pipeline(model, options) for model in (settings.model, *settings.more_models)]
 
 
 class EngineReplica:
@@ -74,9 +73,9 @@ class EngineReplica:
         rank = getattr(context, "rank", None)
         self.label = f"replica {rank.rank}" if rank is not None else f"replica {self.replica_id}"
         self.cores = apply_cpu_settings(settings, rank.local_rank if rank is not None else 0)
-        pipeline = build_pipeline(settings)
-        self.device = str(getattr(pipeline, "device", settings.device or "cpu"))
-        self.engine = Engine(pipeline, mode=settings.mode, max_batch_requests=settings.max_batch,
+        pipelines = build_pipelines(settings)
+        self.device = str(getattr(pipelines[0], "device", settings.device or "cpu"))
+        self.engine = Engine(pipelines, mode=settings.mode, max_batch_requests=settings.max_batch,
                              limits=settings.limits).start()
         if settings.compile:
             from engine.warmup import warm_up
@@ -87,19 +86,22 @@ class EngineReplica:
 
     async def describe(self) -> ReplicaDescription:
         engine = self.engine
+        names = engine.models.names
         return ReplicaDescription(
-            info=engine.info, limits=engine.limits, mode=engine.mode, max_batch_requests=engine.max_batch_requests,
-            unit_cost=engine.unit_cost, has_unknown_words=callable(getattr(engine.pipeline, "unknown_words", None)),
+            infos=dict(engine.infos), limits={name: engine.limits_for(name) for name in names}, mode=engine.mode,
+            max_batch_requests=engine.max_batch_requests, unit_cost=engine.unit_cost,
+            with_unknown_words=frozenset(n for n in names if callable(getattr(engine.models[n], "unknown_words", None))),
         )
 
     async def prepare(self, params: GenerationParams) -> Prepared | Rejected:
         engine = self.engine
         try:
-            params = engine.prepare_params(params)
-            batch_key = engine.pipeline.batch_key(params)
+            params = engine.prepare_params(params)  # names the model: params.model is set from here on
+            pipeline = engine.models[params.model]
+            batch_key = ModelBatchKey(params.model, pipeline.batch_key(params))  # as the engine keys it
         except ValueError as error:
             return Rejected.of(error, self.replica_id)
-        cost = request_cost(engine.pipeline, engine.info, params).total
+        cost = request_cost(pipeline, pipeline.info, params).total
         return Prepared(params=params, batch_key=repr(batch_key), cost=cost)
 
     async def generate(
@@ -126,8 +128,8 @@ class EngineReplica:
             alive=engine.is_alive, failure=engine.failure,
         )
 
-    async def unknown_words(self, prompt: str) -> tuple[str, ...]:
-        finder = getattr(self.engine.pipeline, "unknown_words", None)
+    async def unknown_words(self, prompt: str, model: str | None = None) -> tuple[str, ...]:
+        finder = getattr(self.engine.models[model], "unknown_words", None)
         return tuple(finder(prompt)) if finder is not None else ()
 
     async def check_health(self) -> None:

@@ -7,9 +7,10 @@
     engine.snapshot(), engine.metrics.exposition()  # every replica (serve/board.py)
     engine.close()                                  # the replicas keep running: Serve owns them
 
-The studio calls `submit`, `cancel`, `prepare_params`, `snapshot`, `info`, `limits`, `mode`,
-`max_batch`, `metrics`, `is_alive`, `failure`, `shutdown`, `wait_stopped` and `pipeline`
-(for `unknown_words`); they behave as on one engine, with these differences:
+The studio calls `submit`, `cancel`, `prepare_params`, `snapshot`, `info`, `infos`, `limits`,
+`limits_for`, `models` (names, default, resolve, and each model's `unknown_words`), `pipeline`,
+`mode`, `max_batch`, `metrics`, `is_alive`, `failure`, `shutdown` and `wait_stopped`; they behave
+as on one engine, with these differences:
 
 - `submit` and `prepare_params` cost one round trip to a replica (it checks the parameters
   with its model and computes the batch key the router needs); a ValueError or AdmissionError
@@ -37,7 +38,7 @@ import uuid
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge, Histogram, generate_latest
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import DeploymentUnavailableError, RequestCancelledError
 
@@ -54,15 +55,25 @@ from engine import (
 )
 from engine.engine import SHUTDOWN_REASON
 from engine.events import FINAL_EVENTS, deliver_pending
+from engine.models import ModelSet
 from pipelines.interface import PipelineInfo
 from serve.board import ReplicaBoard, ReplicatedSnapshot
 from serve.settings import REFRESH_S
-from serve.wire import Admitted, Prepared, Rejected, ReplicaDescription, ReplicaReport, event_from_wire
+from serve.wire import (
+    Admitted,
+    Prepared,
+    Rejected,
+    ReplicaDescription,
+    ReplicaReport,
+    WireProgress,
+    event_from_wire,
+)
 
 log = logging.getLogger(__name__)
 
 CANCELLED_REASON = "cancelled by the user"
 SERVED_BY_KEPT = 4096  # requests whose replica `replica_of` still knows after they ended
+RELAY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 class ReplicasUnavailableError(QueueFullError):
@@ -109,21 +120,27 @@ class ReplicatedMetrics:
             registry=r)
         for reason in ("invalid", "queue_full", "session_limit", "closed", "unavailable"):
             self.requests_rejected.labels(reason)
+        self.relay_seconds = Histogram(
+            "stepstudio_relay_seconds", "A replica's progress event, from its engine to this studio (Ray's stream)",
+            buckets=RELAY_BUCKETS, registry=r)
 
     def exposition(self) -> bytes:
         return self._board.exposition() + generate_latest(self.registry)
 
 
 class _RemotePipeline:
-    """`engine.pipeline` as the studio uses it: `unknown_words` asks a replica."""
+    """A model as the studio sees it through `engine.models[name]`: its `info` and, when the
+    replicas' pipeline has it, `unknown_words` (answered by a replica)."""
 
-    def __init__(self, engine: "ReplicatedEngine") -> None:
-        self._engine = engine
+    def __init__(self, engine: "ReplicatedEngine", name: str, info: PipelineInfo, has_unknown_words: bool) -> None:
+        self._engine, self._name, self.info = engine, name, info
+        if has_unknown_words:
+            self.unknown_words = self._unknown_words
 
-    def unknown_words(self, prompt: str) -> tuple[str, ...]:
+    def _unknown_words(self, prompt: str) -> tuple[str, ...]:
+        engine = self._engine
         try:
-            engine = self._engine
-            return engine._call(lambda: engine._handle.unknown_words.remote(prompt), engine.call_timeout_s)
+            return engine._call(lambda: engine._handle.unknown_words.remote(prompt, self._name), engine.call_timeout_s)
         except Exception:  # noqa: BLE001 - a hint under the prompt box; never an error for the user
             log.warning("no replica answered unknown_words", exc_info=True)
             return ()
@@ -152,7 +169,10 @@ class ReplicatedEngine:
         self._cost_by_session: Counter[str] = Counter()
         self._our_ids: dict[str, str] = {}  # replica engine id -> our request id
         self._served_by: OrderedDict[str, str] = OrderedDict()  # our request id -> replica label (recent)
-        self.pipeline = _RemotePipeline(self)
+        # Set by start(), from the replicas' description: the models (ModelSet of _RemotePipeline) and
+        # the default one's, as on an Engine.
+        self.models: ModelSet | None = None
+        self.pipeline: _RemotePipeline | None = None
 
     # ------------------------------------------------------------------ the Engine interface
     def start(self) -> "ReplicatedEngine":
@@ -165,11 +185,24 @@ class ReplicatedEngine:
 
     @property
     def info(self) -> PipelineInfo:
-        return self._described().info
+        """The default model's info."""
+        self._described()
+        return self.pipeline.info
+
+    @property
+    def infos(self) -> dict[str, PipelineInfo]:
+        """Every model the replicas serve, by name (the default first)."""
+        return dict(self._described().infos)
 
     @property
     def limits(self) -> ServingLimits:
-        return self._described().limits
+        """The server's caps for the default model."""
+        return self.limits_for(None)
+
+    def limits_for(self, model: str | None) -> ServingLimits:
+        """The server's caps as they apply to one model (ValueError for a model not served)."""
+        self._described()
+        return self._description.limits[self.models.resolve(model)]
 
     @property
     def mode(self) -> str:
@@ -382,7 +415,11 @@ class ReplicatedEngine:
             self._stopped.set()
 
     async def _start(self) -> None:
-        self._description = await self._handle.describe.remote()
+        description = await self._handle.describe.remote()
+        self.models = ModelSet({name: _RemotePipeline(self, name, info, name in description.with_unknown_words)
+                                for name, info in description.infos.items()})
+        self.pipeline = self.models[None]
+        self._description = description
         await self._refresh()
         self._refresher = asyncio.ensure_future(self._refresh_forever())
 
@@ -395,12 +432,14 @@ class ReplicatedEngine:
                 log.exception("gathering the replicas' reports failed")
 
     async def _refresh(self) -> None:
+        sent_at = time.perf_counter()
         try:
             answers = await self._handle.broadcast("report").results_async(
                 timeout_s=self.call_timeout_s, return_exceptions=True)
         except (TimeoutError, DeploymentUnavailableError):  # no replica now (starting, or being deleted)
             answers = []
-        self._board.update([a for a in answers if isinstance(a, ReplicaReport)], received_at=time.perf_counter())
+        self._board.update([a for a in answers if isinstance(a, ReplicaReport)], received_at=time.perf_counter(),
+                           sent_at=sent_at)
         self.metrics.replicas_live.set(self._board.live_count)
         with self._lock:
             our_ids = dict(self._our_ids)
@@ -456,7 +495,10 @@ class ReplicatedEngine:
                         avoid.append(item.replica_id)
                         break
                     return Failed(item.message, stage="admission")
-                event = event_from_wire(item, self._board.clock_offset(flight.replica_id or ""))
+                offset = self._board.clock_offset(flight.replica_id or "")
+                if isinstance(item, WireProgress):
+                    self.metrics.relay_seconds.observe(max(0.0, time.perf_counter() - (item.sent_at + offset)))
+                event = event_from_wire(item, offset)
                 if isinstance(event, FINAL_EVENTS):
                     return self._as_replica_failure(flight, event)
                 flight.handle.emit(event)

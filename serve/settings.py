@@ -24,6 +24,7 @@ class ReplicaSettings:
     """One engine replica: its model, device, engine settings and CPU threads."""
 
     model: str = "builtin"  # as app.py's --model: "builtin", "toy", a folder or a hub id
+    more_models: tuple[str, ...] = ()  # further models the same engine serves (the first is the default)
     device: str | None = None  # None: cuda when the replica sees a GPU, else cpu
     dtype: str | None = None
     compile: bool = False
@@ -78,7 +79,7 @@ class ServeSettings:
 def replica_settings_for(options: StudioOptions, torch_threads: int | None = None, pin_cpus: bool = False) -> ReplicaSettings:
     """The replica side of the studio's options (model, device, engine, limits)."""
     return ReplicaSettings(
-        model=options.model, device=options.device, dtype=options.dtype, compile=options.compile,
+        model=options.model, more_models=tuple(getattr(options, "more_models", ())), device=options.device, dtype=options.dtype, compile=options.compile,
         prompt_cache=options.prompt_cache, mode=options.mode, max_batch=options.max_batch, limits=options.limits,
         torch_threads=torch_threads, pin_cpus=pin_cpus,
     )

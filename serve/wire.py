@@ -13,6 +13,7 @@ a replica runs on another machine.
 from __future__ import annotations
 
 import io
+import time
 from dataclasses import dataclass, replace
 
 from PIL import Image
@@ -93,18 +94,19 @@ class WireProgress:
     total: int
     batch_size: int
     preview: bytes | tuple[bytes, ...] | None  # JPEG: one image, or a video's frames
+    sent_at: float = 0.0  # the replica's perf_counter() when it was sent (the relay's latency)
 
 
 @dataclass(frozen=True)
 class ReplicaDescription:
     """What one replica serves; every replica of a deployment describes the same thing."""
 
-    info: PipelineInfo
-    limits: ServingLimits  # resolved for the model (max_size set)
+    infos: dict[str, PipelineInfo]  # every model it serves, by name, the default first
+    limits: dict[str, ServingLimits]  # by model, resolved for it (max_size set)
     mode: str
     max_batch_requests: int
-    unit_cost: int  # the cost of the model's default request
-    has_unknown_words: bool  # the pipeline can list prompt words it never learned
+    unit_cost: int  # the cost of the default model's default request
+    with_unknown_words: frozenset[str]  # models whose pipeline lists the prompt words it never learned
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,7 @@ def event_to_wire(event: Event) -> object:
             preview = tuple(encode_image(frame) for frame in preview)
         elif preview is not None:
             preview = encode_image(preview)
-        return WireProgress(event.step, event.total, event.batch_size, preview)
+        return WireProgress(event.step, event.total, event.batch_size, preview, time.perf_counter())
     return event
 
 

@@ -74,3 +74,30 @@ def test_a_killed_replica_fails_its_requests_clearly_and_the_other_keeps_serving
     again = [engine.submit(GenerationParams(prompt=f"again {size}", width=size, height=size, num_inference_steps=4),
                            session_id=f"again{size}") for size in (64, 32)]
     assert [type(handle.result(timeout=60)) for handle in again] == [Completed, Completed]
+
+
+def test_a_replica_whose_engine_crashed_fails_its_requests_by_name_and_is_replaced(engine):
+    bystander = engine.submit(GenerationParams(prompt="a bystander", num_inference_steps=STEPS), session_id="by")
+    assert any(isinstance(e, Progress) for e in bystander.events(timeout=60))
+    where = engine.replica_of(bystander.request_id)
+    engine.refresh()
+    pid_before = {report.replica: report.pid for report in engine.replicas}[where]
+    # Same batch key, room in the batch: the crashing request joins the bystander's replica.
+    crash = engine.submit(GenerationParams(prompt="[crash] a red circle", num_inference_steps=STEPS), session_id="x")
+    expected = Failed(f"the engine stopped after an internal error (EngineCrash: injected crash of the engine "
+                      f"thread) ({where}; the other replicas keep serving)", stage="replica")
+    assert crash.result(timeout=60) == expected
+    assert bystander.result(timeout=60) == expected
+    assert engine.replica_of(crash.request_id) == where
+
+    # Until Serve's health check replaces it, the broken replica refuses and the facade retries elsewhere.
+    after = engine.submit(GenerationParams(prompt="after the crash", num_inference_steps=4), session_id="after")
+    assert isinstance(after.result(timeout=60), Completed)
+    assert engine.replica_of(after.request_id) != where
+    deadline = time.monotonic() + 180
+    while True:
+        reports = {report.replica: report for report in engine.replicas}
+        if len(reports) == 2 and all(r.alive for r in reports.values()) and reports[where].pid != pid_before:
+            break
+        assert time.monotonic() < deadline, f"the crashed replica was not replaced in 180 s: {reports}"
+        time.sleep(engine.refresh_s)  # pacing only: the board is refreshed on its own

@@ -66,8 +66,13 @@ def test_the_facade_describes_the_replicas_model_and_limits(engine):
     assert sorted(report.replica for report in engine.replicas) == ["replica 0", "replica 1"]
     assert len({report.pid for report in engine.replicas}) == 2
     assert engine.is_alive and engine.failure is None
+    assert (engine.models.names, engine.models.default, list(engine.infos)) == (("toy",), "toy", ["toy"])
+    assert engine.limits_for("toy") == engine.limits and engine.limits.max_size == 64
+    with pytest.raises(ValueError, match="model='sd' is not loaded here; the loaded models are: toy"):
+        engine.limits_for("sd")
+    assert not hasattr(engine.models["toy"], "unknown_words")  # the toy pipeline can't tell
     prepared = engine.prepare_params(GenerationParams(prompt="a red circle"))
-    assert (prepared.width, prepared.height, prepared.num_inference_steps) == (64, 64, 8)
+    assert (prepared.model, prepared.width, prepared.height, prepared.num_inference_steps) == ("toy", 64, 64, 8)
     assert isinstance(prepared.seed, int)
     with pytest.raises(ValueError, match="width=60 must be a multiple of 8 for the toy model"):
         engine.submit(GenerationParams(prompt="x", width=60), session_id="bad")
