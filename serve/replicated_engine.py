@@ -321,13 +321,13 @@ class ReplicatedEngine:
     def _prepared(self, params: GenerationParams) -> Prepared:
         try:
             answer = self._call(lambda: self._handle.prepare.remote(params), self.call_timeout_s)
-        except (TimeoutError, RayActorError) as error:
+        except (TimeoutError, RayActorError, DeploymentUnavailableError) as error:
             self.metrics.requests_rejected.labels("unavailable").inc()
             raise ReplicasUnavailableError(
                 f"no engine replica answered within {self.call_timeout_s:g} s ({type(error).__name__}); "
                 "try again shortly.") from None
-        if isinstance(answer, Rejected):
-            self.metrics.requests_rejected.labels(answer.kind if answer.kind == "invalid" else "closed").inc()
+        if isinstance(answer, Rejected):  # prepare only checks parameters: always "invalid"
+            self.metrics.requests_rejected.labels("invalid").inc()
             raise answer.as_error()
         return answer
 

@@ -1,7 +1,8 @@
 """The documented Serve config (serve/stepstudio.yaml) run as a user would: `serve run`, two CPU
 replicas of the built-in model behind the studio ingress, driven from outside through
 gradio_client and the HTTP API. Checked: a request streams every step; /metrics labels both
-replicas; a Cancel and a dropped HTTP connection abort on the replica; killing one replica
+replicas; a Cancel, a client's job.cancel() (what a closed tab does) and a dropped HTTP
+connection abort on the replica; killing one replica
 mid-run fails its request clearly while the other's finishes, new requests succeed and Serve
 replaces the replica; stopping leaves no Ray process behind.
 Slow (a Ray cluster, the model loaded twice); needs the `serve` extra."""
@@ -138,6 +139,16 @@ def test_a_cancel_through_the_studio_aborts_on_the_replica(studio):
     assert answer["cancelled"] is True
     final, _, _ = job.result(timeout=60)
     assert (final["state"], final["message"]) == ("aborted", "cancelled by the user")
+    wait_for(lambda: _aborted_total(studio) == before + 1, timeout_s=30, what="the replica's abort")
+
+
+def test_a_job_cancelled_by_its_client_aborts_on_the_replica(studio):
+    """gradio_client's job.cancel() stops the handler as a closed tab does: its `finally` cancels."""
+    client = Client(studio, verbose=False)
+    before = _aborted_total(studio)
+    job = _generate(client, 64, steps=LONG)
+    wait_for(lambda: _running(job, min_step=2), timeout_s=120, what="a running request")
+    job.cancel()
     wait_for(lambda: _aborted_total(studio) == before + 1, timeout_s=30, what="the replica's abort")
 
 
