@@ -64,9 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_HelpFormatter,
     )
     model = parser.add_argument_group("model")
-    model.add_argument("--model", default=defaults.model,
-                       help="'builtin' (assets/shapes-flux), 'toy' (weightless test model), a local diffusers "
-                            "folder, or a model hub id such as org/name")
+    model.add_argument("--model", action="append", default=None,
+                       help="'builtin' (assets/shapes-flux), 'builtin-video' (assets/shapes-wan), 'toy' (weightless "
+                            "test model), a local diffusers folder, or a model hub id such as org/name; give it "
+                            "several times to serve several models from one engine (the first is the default). "
+                            "Default: the built-in image model and the built-in video model")
     model.add_argument("--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if available)")
     model.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                        help="weights dtype (default: bfloat16 on cuda, float32 on cpu)")
@@ -126,9 +128,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def default_models() -> tuple[str, ...]:
+    """The built-in image model, and the built-in video model when it is there."""
+    from pipelines.loader import BUILTIN_VIDEO_MODEL_DIR
+
+    return ("builtin", "builtin-video") if (BUILTIN_VIDEO_MODEL_DIR / "model_index.json").is_file() else ("builtin",)
+
+
 def config_from_args(args: argparse.Namespace) -> StudioOptions:
+    models = tuple(args.model) if args.model else default_models()
     return StudioOptions(
-        model=args.model, mode=args.mode, max_batch=args.max_batch, host=args.host, port=args.port,
+        model=models[0], more_models=models[1:], mode=args.mode, max_batch=args.max_batch, host=args.host, port=args.port,
         share=args.share, auth=parse_auth(args.auth), preview_every=args.preview_every, max_steps=args.max_steps,
         max_size=args.max_size, max_per_session=args.max_per_session, max_branches=args.max_branches,
         show_prompts=args.show_prompts, max_session_cost=args.max_session_cost,
@@ -138,19 +148,27 @@ def config_from_args(args: argparse.Namespace) -> StudioOptions:
     )
 
 
-def load_model(config: StudioOptions):
-    from pipelines.loader import BUILTIN_MODEL_DIR, LoadOptions, load_pipeline
+def load_model(config: StudioOptions, model: str | None = None):
+    """One of the configured models (default: the first) as a step pipeline."""
+    from pipelines.loader import BUILTIN_MODELS, LoadOptions, load_pipeline
 
-    if config.model == "builtin" and not (BUILTIN_MODEL_DIR / "model_index.json").is_file():
+    model = model or config.model
+    folder = BUILTIN_MODELS.get(model)
+    if folder is not None and not (folder / "model_index.json").is_file():
         raise ValueError(
-            f"the built-in model is not in {BUILTIN_MODEL_DIR} yet (tools/train_builtin.py makes it). "
-            "Run `python app.py --model toy` for the weightless test model, or pass --model FOLDER."
+            f"the built-in model {model!r} is not in {folder} (tools/train_builtin.py and tools/train_video.py "
+            "make them). Run `python app.py --model toy` for the weightless test model, or pass --model FOLDER."
         )
     return load_pipeline(
-        config.model,
+        model,
         LoadOptions(device=config.device, dtype=config.dtype, compile_denoiser=config.compile,
                     prompt_cache_size=config.prompt_cache),
     )
+
+
+def load_models(config: StudioOptions) -> list:
+    """Every configured model, in order (the first is the engine's default)."""
+    return [load_model(config, model) for model in config.models]
 
 
 def open_share_link(host: str, port: int) -> str:
@@ -193,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"can't listen on {config.host}:{config.port}: {exc.strerror or exc} "
                      "(is another server using it? pick another --port)")
     try:
-        pipeline = load_model(config)
+        pipelines = load_models(config)
     except ValueError as exc:
         sock.close()
         parser.error(str(exc))
@@ -201,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine import Engine
     from studio.server import build_app
 
-    engine = Engine(pipeline, mode=config.mode, max_batch_requests=config.max_batch, limits=config.limits).start()
+    engine = Engine(pipelines, mode=config.mode, max_batch_requests=config.max_batch, limits=config.limits).start()
     if config.compile:
         from engine.warmup import warm_up
 
@@ -210,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         log.info("compiled and warmed up at %dx%d in %.1f s", defaults.width, defaults.height, seconds[0])
     try:
         server = StudioServer(build_app(engine, config), config.host, sock=sock)
-        log.info("model %s, %s mode, up to %d requests per forward, max size %d px, serving on %s",
-                 engine.info.name, config.mode, config.max_batch, engine.limits.max_size, server.url)
+        log.info("models %s, %s mode, up to %d requests per forward, max size %d px, serving on %s",
+                 ", ".join(engine.models.names), config.mode, config.max_batch, engine.limits.max_size, server.url)
         if config.share:
             server.start()
             share_or_warn(config.host, server.port)

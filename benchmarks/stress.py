@@ -208,7 +208,7 @@ def call_gradio_disconnect(url: str, rng: random.Random, fn_index: int) -> Outco
     import httpx
 
     session = f"stress-{rng.getrandbits(64):x}"
-    data = [f"tab {rng.random():.6f}", "", 64, 64, rng.randint(8, 40), 1.0, -1]
+    data = [f"tab {rng.random():.6f}", "", 64, 64, rng.randint(8, 40), 1.0, -1, ""]  # the last: model (default)
     with httpx.Client(base_url=url, timeout=CALL_TIMEOUT_S) as http:
         joined = http.post("gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session,
                                                           "event_data": None, "trigger_id": None})

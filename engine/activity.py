@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 class EngineActivity:
     forwards_by_batch_size: Counter = field(default_factory=Counter)
     finished: Counter = field(default_factory=Counter)  # final status -> count
+    completed_by_model: Counter = field(default_factory=Counter)  # model -> completed requests
     recent_steps: deque = field(default_factory=lambda: deque(maxlen=256))  # (time, rows)
     stage_means: dict = field(default_factory=lambda: {"encode_s": None, "denoise_step_s": None, "decode_s": None})
 

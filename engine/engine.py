@@ -433,6 +433,8 @@ class Engine:
         for request in released:
             status = request.status.name.removeprefix("FINISHED_").lower() if request.status.is_finished else "error"
             self._activity.finished[status] += 1
+            if request.status == RequestStatus.FINISHED_COMPLETED:
+                self._activity.completed_by_model[request.params.model] += 1
             self.metrics.requests_finished.labels(status).inc()
             self._first_preview_seen.discard(request.request_id)
             if request.status == RequestStatus.FINISHED_COMPLETED:

@@ -61,6 +61,7 @@ class EngineStats:
     forwards: int
     forwards_by_batch_size: dict[int, int] = field(default_factory=dict)  # requests per forward -> count
     finished: dict[str, int] = field(default_factory=dict)  # final status -> count
+    completed_by_model: dict[str, int] = field(default_factory=dict)  # model -> completed requests
     stages: StageStats = StageStats()
 
     @property
@@ -142,6 +143,7 @@ def build_snapshot(scheduler: "Scheduler", activity: EngineActivity) -> EngineSn
         forwards=sum(activity.forwards_by_batch_size.values()),
         forwards_by_batch_size=dict(activity.forwards_by_batch_size),
         finished=dict(activity.finished),
+        completed_by_model=dict(activity.completed_by_model),
         stages=StageStats(**activity.stage_means),
     )
     return EngineSnapshot(taken_at=now, requests=tuple(views), stats=stats)

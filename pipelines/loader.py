@@ -25,6 +25,9 @@ FAMILIES: dict[str, str] = {
 }
 
 BUILTIN_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "shapes-flux"
+BUILTIN_VIDEO_MODEL_DIR = BUILTIN_MODEL_DIR.parent / "shapes-wan"
+# Names `--model` understands besides folders and hub ids.
+BUILTIN_MODELS = {"builtin": BUILTIN_MODEL_DIR, "builtin-video": BUILTIN_VIDEO_MODEL_DIR}
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,8 @@ def family_class(class_name: str):
 
 
 def load_pipeline(model: str | None = None, options: LoadOptions | None = None) -> StepPipeline:
-    """`model`: None or "builtin" (the shipped shapes model), "toy", a local folder, or a hub id."""
+    """`model`: None or "builtin" (the shipped shapes model), "builtin-video" (the shipped video
+    model), "toy", a local folder, or a hub id."""
     options = options or LoadOptions()
     if options.prompt_cache_size < 0:
         raise ValueError(f"prompt_cache_size={options.prompt_cache_size} must be 0 (no cache) or more.")
@@ -105,8 +109,8 @@ def load_pipeline(model: str | None = None, options: LoadOptions | None = None) 
 
         pipeline = ToyPipeline()
     else:
-        if model in (None, "builtin"):
-            model = str(BUILTIN_MODEL_DIR)
+        if model is None or model in BUILTIN_MODELS:
+            model = str(BUILTIN_MODELS[model or "builtin"])
         path = Path(model).expanduser()
         if not path.exists():
             path = _download(model)

@@ -144,10 +144,20 @@ class FormValues:
     steps: object = None
     guidance_scale: object = None
     seed: object = RANDOM_SEED
+    model: object = None  # a loaded model's name; None or "" = the default model
+    num_frames: object = None  # video models; None or 0 = the model's default
 
-    def to_params(self, preview_every: int, uses_negative_prompt: bool) -> GenerationParams:
+    def model_name(self, engine: Engine) -> str:
+        """The loaded model this form asks for (ValueError naming the loaded ones)."""
+        if self.model is not None and not isinstance(self.model, str):
+            raise ValueError(f"model must be a model's name (text), got {type(self.model).__name__}.")
+        return engine.models.resolve(self.model or None)
+
+    def to_params(self, preview_every: int, engine: Engine) -> GenerationParams:
         """Raises ValueError naming the bad field."""
-        negative = self.negative_prompt if uses_negative_prompt else None
+        model = self.model_name(engine)
+        negative = self.negative_prompt if engine.infos[model].uses_negative_prompt else None
+        frames = whole_number("num_frames", self.num_frames)
         return GenerationParams(
             prompt=self.prompt if isinstance(self.prompt, str) else "",
             negative_prompt=negative if negative else None,
@@ -157,6 +167,8 @@ class FormValues:
             guidance_scale=number("guidance_scale", self.guidance_scale),
             seed=chosen_seed(self.seed),
             preview_every=preview_every,
+            num_frames=frames or None,
+            model=model,
         )
 
 
@@ -182,12 +194,18 @@ class Update:
     event: Event | None  # None for the first update (submitted, nothing happened yet)
 
 
-async def follow_request(engine: Engine, form: FormValues, session_id: str, preview_every: int) -> AsyncIterator[Update]:
-    """Submit one request and yield an Update per engine event until it ends.
+async def follow_request(engine: Engine, form: FormValues, session_id: str, preview_every: int,
+                         makes: str | None = None) -> AsyncIterator[Update]:
+    """Submit one request and yield an Update per engine event until it ends. `makes`: "image"
+    or "video", when the caller can only take that kind (the model must make it).
 
     Closing or cancelling this generator cancels the request (non-blocking)."""
     with engine_errors_as_gradio():
-        params = form.to_params(preview_every, engine.info.uses_negative_prompt)
+        params = form.to_params(preview_every, engine)
+        kind = engine.infos[params.model].output_kind
+        if makes is not None and kind != makes:
+            other = "/generate_video" if kind == "video" else "/generate"
+            raise ValueError(f"model={params.model!r} makes {kind}s, not {makes}s: use {other} for it.")
         handle = engine.submit(params, session_id=session_id)
     status = initial_status(handle.request_id, handle.params)
     try:

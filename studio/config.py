@@ -49,7 +49,8 @@ def read_api_keys_file(path: str | Path) -> list[tuple[str, str]]:
 
 @dataclass(frozen=True)
 class StudioOptions:
-    model: str = "builtin"  # "builtin", "toy", a local diffusers folder or a hub id
+    model: str = "builtin"  # "builtin", "builtin-video", "toy", a local diffusers folder or a hub id
+    more_models: tuple[str, ...] = ()  # further models the same engine serves (the first is the default)
     mode: str = "step"  # engine service mode: "step" (co-batch per step) or "request"
     max_batch: int = 8
     host: str = "127.0.0.1"
@@ -108,6 +109,10 @@ class StudioOptions:
             raise ValueError(f"port={self.port} is out of range: allowed is 0..65535.")
         if not self.queue_refresh_s > 0:
             raise ValueError(f"queue_refresh_s must be > 0, got {self.queue_refresh_s!r}.")
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return (self.model, *self.more_models)
 
     @property
     def limits(self) -> ServingLimits:

@@ -1,7 +1,8 @@
-"""The pipeline graph view: the model's stages as an SVG flow with live counts and mean times.
+"""The pipeline graph view: each model's stages as an SVG flow with live counts and mean times.
 
-prompt -> text encode -> denoise (xK) -> decode -> image, drawn from `PipelineInfo.stages`.
-Each node shows how many requests are at that stage now and the stage's mean time from
+prompt -> text encode -> denoise (xK) -> decode -> image, drawn from `PipelineInfo.stages`, one
+row per loaded model (labelled with its name when there are several). Each node shows how many
+of that model's requests are at that stage now and the stage's mean time from
 `EngineSnapshot.stats.stages`; the nodes holding the viewer's own requests are highlighted.
 """
 
@@ -15,16 +16,17 @@ from engine import EngineSnapshot, RequestView
 from pipelines.interface import PipelineInfo
 from studio.queue_view import format_step_time
 
-NODE_W, NODE_H, GAP, MARGIN = 128, 78, 34, 8
+NODE_W, NODE_H, GAP, MARGIN, LABEL_H = 128, 78, 34, 8, 16
 
 GRAPH_CSS = """
-.ss-graph svg { width: 100%; height: auto; max-height: 130px; font-family: var(--font); }
+.ss-graph svg { width: 100%; height: auto; max-height: 280px; font-family: var(--font); }
 .ss-graph .ss-node rect { fill: var(--block-background-fill); stroke: var(--border-color-primary); stroke-width: 1.5; }
 .ss-graph .ss-node.ss-busy rect { stroke: var(--color-accent); }
 .ss-graph .ss-node.ss-you rect { fill: var(--color-accent-soft); stroke: var(--color-accent); stroke-width: 3; }
 .ss-graph text { fill: var(--body-text-color); font-size: 12px; text-anchor: middle; }
 .ss-graph text.ss-title { font-weight: 700; font-size: 13px; }
 .ss-graph text.ss-you-label { fill: var(--color-accent); font-weight: 700; }
+.ss-graph text.ss-model-label { text-anchor: start; font-weight: 700; font-size: 12px; }
 .ss-graph .ss-edge { stroke: var(--body-text-color-subdued); stroke-width: 1.5; marker-end: url(#ss-arrow); }
 .ss-graph #ss-arrow path { fill: var(--body-text-color-subdued); }
 """
@@ -71,10 +73,13 @@ def _title(stage: str, info: PipelineInfo, denoising: list[RequestView]) -> str:
     return titles.get(stage, stage)
 
 
-def build_nodes(snapshot: EngineSnapshot, info: PipelineInfo, viewer_session: str | None) -> list[NodeView]:
-    counts = Counter(stage_of(view) for view in snapshot.requests)
-    mine = [view for view in snapshot.requests if view.session_id == viewer_session]
-    denoising = [view for view in snapshot.requests if stage_of(view) == "denoise"]
+def build_nodes(snapshot: EngineSnapshot, info: PipelineInfo, viewer_session: str | None,
+                model: str | None = None) -> list[NodeView]:
+    """The nodes of one model's row (`model` None: every request, for a single-model engine)."""
+    requests = [view for view in snapshot.requests if model is None or view.model == model]
+    counts = Counter(stage_of(view) for view in requests)
+    mine = [view for view in requests if view.session_id == viewer_session]
+    denoising = [view for view in requests if stage_of(view) == "denoise"]
     stages = snapshot.stats.stages
     means = {
         "encode": (stages.encode_s, "mean"),
@@ -84,7 +89,8 @@ def build_nodes(snapshot: EngineSnapshot, info: PipelineInfo, viewer_session: st
     nodes = []
     for stage in info.stages:
         if stage == "media":
-            count = snapshot.stats.finished.get("completed", 0)
+            count = (snapshot.stats.finished.get("completed", 0) if model is None
+                     else snapshot.stats.completed_by_model.get(model, 0))
             count_label = f"{count} made"
         else:
             count = counts.get(stage, 0)
@@ -133,22 +139,39 @@ def _node_svg(node: NodeView, x: int) -> str:
     )
 
 
-def render_graph(snapshot: EngineSnapshot, info: PipelineInfo, viewer_session: str | None) -> str:
-    """The pipeline graph as inline SVG (wrapped in a div for styling)."""
-    nodes = build_nodes(snapshot, info, viewer_session)
-    width = 2 * MARGIN + len(nodes) * NODE_W + max(len(nodes) - 1, 0) * GAP
-    height = 2 * MARGIN + NODE_H
+def _row_svg(nodes: list[NodeView], top: int) -> list[str]:
+    parts = []
+    for index, node in enumerate(nodes):
+        x = MARGIN + index * (NODE_W + GAP)
+        if index:
+            y = top + MARGIN + NODE_H // 2
+            parts.append(f'<line class="ss-edge" x1="{x - GAP + 2}" y1="{y}" x2="{x - 3}" y2="{y}"/>')
+        parts.append(f'<g transform="translate(0,{top})">' + _node_svg(node, x) + "</g>")
+    return parts
+
+
+def render_graph(snapshot: EngineSnapshot, infos: PipelineInfo | dict[str, PipelineInfo],
+                 viewer_session: str | None) -> str:
+    """The pipeline graph as inline SVG (wrapped in a div for styling): one row per model."""
+    if isinstance(infos, PipelineInfo):
+        infos = {infos.name: infos}
+    rows = list(infos.items()) if len(infos) > 1 else [(None, next(iter(infos.values())))]
+    label_h = 0 if len(rows) == 1 else LABEL_H
+    row_h = label_h + 2 * MARGIN + NODE_H
+    widest = max(len(info.stages) for _, info in rows)
+    width = 2 * MARGIN + widest * NODE_W + max(widest - 1, 0) * GAP
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" role="img" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {row_h * len(rows)}" role="img" '
         f'aria-label="pipeline graph">',
         '<defs><marker id="ss-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
         'orient="auto"><path d="M0,0 L10,5 L0,10 z"/></marker></defs>',
     ]
-    for index, node in enumerate(nodes):
-        x = MARGIN + index * (NODE_W + GAP)
-        if index:
-            y = MARGIN + NODE_H // 2
-            parts.append(f'<line class="ss-edge" x1="{x - GAP + 2}" y1="{y}" x2="{x - 3}" y2="{y}"/>')
-        parts.append(_node_svg(node, x))
+    for index, (model, info) in enumerate(rows):
+        top = index * row_h
+        if label_h:
+            parts.append(f'<text class="ss-model-label" x="{MARGIN}" y="{top + label_h - 4}">{html.escape(model)}</text>')
+        parts.append(f'<g class="ss-model-row" data-model="{html.escape(model or "")}">')
+        parts.extend(_row_svg(build_nodes(snapshot, info, viewer_session, model), top + label_h))
+        parts.append("</g>")
     parts.append("</svg>")
     return '<div class="ss-graph">' + "".join(parts) + "</div>"

@@ -32,9 +32,13 @@ def fresh_token(token: object) -> str:
     return secrets.token_urlsafe(24)
 
 
-def settings_update(settings: dict, defaults) -> list:
-    """Form values for SimpleForm.settings_outputs(), from saved settings (missing ones: defaults)."""
+def settings_update(settings: dict, engine: Engine) -> list:
+    """Form values for SimpleForm.settings_outputs(), from saved settings (missing ones: the
+    model's defaults; a model no longer loaded: the default model)."""
+    model = settings.get("model") if settings.get("model") in engine.models.names else engine.models.default
+    defaults = engine.infos[model].defaults
     return [
+        model,
         settings.get("prompt", ""),
         settings.get("negative_prompt", defaults.negative_prompt or ""),
         settings.get("width", defaults.width),
@@ -42,6 +46,7 @@ def settings_update(settings: dict, defaults) -> list:
         settings.get("num_inference_steps", defaults.num_inference_steps),
         settings.get("guidance_scale", defaults.guidance_scale),
         settings.get("scheduler") or "",
+        settings.get("num_frames", defaults.num_frames),
         "seed" not in settings,  # a known seed is reused as it is
         settings.get("seed", 0),
     ]
@@ -82,7 +87,6 @@ def _thumbnail(item: SavedOutput) -> Image.Image:
 
 def wire_history_tab(engine: Engine, store: OutputStore, tab: HistoryTab, browser_token: gr.BrowserState,
                      form: SimpleForm, editor: gr.HTML, tabs: gr.Tabs, demo: gr.Blocks) -> None:
-    defaults = engine.info.defaults
 
     def listing(token: str) -> dict:
         items = store.history(owner_key(token))[:SHOWN] if isinstance(token, str) and token else []
@@ -114,7 +118,7 @@ def wire_history_tab(engine: Engine, store: OutputStore, tab: HistoryTab, browse
     def use(selected: dict | None) -> list:
         if not selected:
             raise gr.Error("Select a result (or open a PNG) first.", title="Nothing selected")
-        return settings_update(selected["settings"], defaults) + [gr.Tabs(selected="simple")]
+        return settings_update(selected["settings"], engine) + [gr.Tabs(selected="simple")]
 
     def open_in_editor(selected: dict | None) -> list:
         if not selected or not selected.get("workflow"):

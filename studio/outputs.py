@@ -100,6 +100,8 @@ def parse_infotext(text: str) -> dict[str, Any]:
             settings["width"], settings["height"] = int(width), int(height)
     if "Sampler" in pairs:
         settings["scheduler"] = None if pairs["Sampler"] == "default" else pairs["Sampler"]
+    if "Model" in pairs:
+        settings["model"] = pairs["Model"]
     return settings
 
 
@@ -160,7 +162,8 @@ class OutputStore:
         if not re.fullmatch(r"[0-9a-f]{32}", owner):
             raise ValueError(f"owner must be an owner_key() value, got {owner!r:.40}.")
         params = completed.params
-        text = infotext(params, self.model)
+        model = params.model or self.model  # the request's own model, when the engine serves several
+        text = infotext(params, model)
         info = PngInfo()
         info.add_text("parameters", text)
         if workflow is not None:
@@ -180,7 +183,7 @@ class OutputStore:
                 poster = None
                 path = stem.with_suffix(".png")
                 completed.images[0].save(path, pnginfo=info)
-            settings = dict(parse_infotext(text), model=self.model)
+            settings = dict(parse_infotext(text), model=model)
             saved = SavedOutput(str(path), str(poster) if poster else None, owner,
                                 "video" if completed.is_video else "image", time.time(), text, settings,
                                 workflow is not None)

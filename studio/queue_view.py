@@ -27,7 +27,7 @@ QUEUE_CSS = """
 .ss-queue .ss-prompt { max-width: 18rem; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
 """
 
-COLUMNS = ("request", "who", "prompt", "state", "progress", "position", "waited", "ETA", "shares batch with")
+COLUMNS = ("request", "who", "model", "prompt", "state", "progress", "position", "waited", "ETA", "shares batch with")
 
 
 def format_step_time(seconds: float | None) -> str:
@@ -65,6 +65,7 @@ def request_as_dict(view: RequestView, viewer_session: str | None, show_prompts:
     return {
         "request_id": view.request_id if view.session_id == viewer_session else short_id(view.request_id),
         "mine": view.session_id == viewer_session,
+        "model": view.model,
         "prompt": visible_prompt(view, viewer_session, show_prompts),
         "state": view.state,
         "step": view.step,
@@ -121,6 +122,7 @@ def _row(view: RequestView, viewer_session: str | None, show_prompts: bool, mine
     cells = (
         f"<code>{short_id(view.request_id)}</code>",
         "you" if mine else "–",
+        html.escape(view.model or "–"),
         f'<div class="ss-prompt" title="{html.escape(prompt)}">{html.escape(prompt)}</div>',
         view.state,
         _progress_cell(view),

@@ -22,7 +22,7 @@ import gradio as gr
 from engine import Engine
 from pipelines.params import MIN_SIZE
 from studio.bridge import final_media, preview_image, session_id_of, settings_caption
-from studio.media import model_fps
+from studio.media import animated_gif, data_url, model_fps
 from studio.config import StudioOptions
 from studio.tab_queue import CANCEL_JS, TabResults, latest_preview, render_tab_queue
 from studio.workflow import WorkflowError
@@ -32,11 +32,12 @@ MAX_BATCH_COUNT = 16
 _SEED_RANGE = 2**32
 
 # Node ids double as the form's field names in error messages ("steps: 500 is out of range ...").
-FORM_NODES = ("prompt", "negative prompt", "seed", "size", "steps", "guidance", "scheduler")
+FORM_NODES = ("prompt", "negative prompt", "seed", "size", "steps", "guidance", "scheduler", "frames", "model")
 
 
 @dataclass(frozen=True)
 class SimpleForm:
+    model: gr.Dropdown
     prompt: gr.Textbox
     negative_prompt: gr.Textbox
     width: gr.Slider
@@ -44,6 +45,7 @@ class SimpleForm:
     steps: gr.Slider
     guidance_scale: gr.Slider
     scheduler: gr.Dropdown
+    frames: gr.Number
     batch_count: gr.Slider
     random_seed: gr.Checkbox
     seed: gr.Number
@@ -53,15 +55,17 @@ class SimpleForm:
 
     def settings_outputs(self) -> list:
         """The fields "use these settings again" fills in, in `settings_update`'s order."""
-        return [self.prompt, self.negative_prompt, self.width, self.height, self.steps, self.guidance_scale,
-                self.scheduler, self.random_seed, self.seed]
+        return [self.model, self.prompt, self.negative_prompt, self.width, self.height, self.steps,
+                self.guidance_scale, self.scheduler, self.frames, self.random_seed, self.seed]
 
 
 @dataclass(frozen=True)
 class SimplePanel:
     queue: gr.HTML
-    preview: gr.Image
-    media: gr.Image | gr.Video
+    preview: gr.Image  # an image model's preview
+    animation: gr.HTML  # a video model's preview: all frames, looping
+    image: gr.Image  # the newest result, when it is an image
+    video: gr.Video  # ... or a video
     gallery: gr.Gallery
 
 
@@ -83,6 +87,11 @@ def form_workflow(values: dict[str, Any], uses_negative_prompt: bool, seed_start
     ]
     links = [link("prompt", "prompt"), link("seed", "seed"), link("size", "size"), link("steps", "steps"),
              link("guidance", "guidance")]
+    nodes.append(node("model", "model", name=values.get("model") or ""))
+    links.append(link("model", "model"))
+    if values.get("frames"):
+        nodes.append(node("frames", "frames", frames=values["frames"]))
+        links.append(link("frames", "frames"))
     negative = values.get("negative_prompt")
     if uses_negative_prompt and isinstance(negative, str):
         nodes.append(node("negative prompt", "negative_prompt", text=negative))
@@ -115,38 +124,90 @@ def seed_start(values: dict[str, Any]) -> object:
 
 
 # ---------------------------------------------------------------------------- building
+@dataclass(frozen=True)
+class ModelForm:
+    """How the form looks for one model: its sizes, steps, defaults and kind of result."""
+
+    size_min: int
+    size_max: int
+    size_step: int
+    max_steps: int
+    width: int
+    height: int
+    steps: int
+    guidance: float
+    negative_prompt: str | None
+    uses_negative_prompt: bool
+    schedulers: tuple[str, ...]
+    frames: int | None  # None for an image model
+    makes_video: bool
+
+    @classmethod
+    def of(cls, engine: Engine, model: str | None) -> "ModelForm":
+        info, limits = engine.infos[engine.models.resolve(model)], engine.limits_for(model)
+        defaults = info.defaults
+        step = max(info.size_multiple, 1)
+        size_min = max(MIN_SIZE, step)
+        size_max = max(limits.max_size, size_min)
+        video = info.output_kind == "video"
+        return cls(size_min, size_max, step, limits.max_steps, min(defaults.width, size_max),
+                   min(defaults.height, size_max), min(defaults.num_inference_steps, limits.max_steps),
+                   defaults.guidance_scale, defaults.negative_prompt, info.uses_negative_prompt, tuple(info.schedulers),
+                   defaults.num_frames if video else None, video)
+
+    def updates(self) -> list:
+        """gr.update()s for (width, height, steps, guidance, negative prompt, scheduler, frames,
+        preview, animation, image, video) when this model is picked."""
+        return [
+            gr.update(minimum=self.size_min, maximum=self.size_max, step=self.size_step, value=self.width),
+            gr.update(minimum=self.size_min, maximum=self.size_max, step=self.size_step, value=self.height),
+            gr.update(maximum=self.max_steps, value=self.steps),
+            gr.update(value=self.guidance),
+            gr.update(visible=self.uses_negative_prompt, value=self.negative_prompt or ""),
+            gr.update(choices=[("model default", "")] + [(s, s) for s in self.schedulers], value="",
+                      visible=len(self.schedulers) > 1),
+            gr.update(visible=self.makes_video, value=self.frames),
+            gr.update(visible=not self.makes_video),
+            gr.update(visible=self.makes_video),
+            gr.update(visible=not self.makes_video),
+            gr.update(visible=self.makes_video),
+        ]
+
+
 def build_simple_tab(engine: Engine, config: StudioOptions) -> tuple[SimpleForm, SimplePanel]:
-    info, limits = engine.info, engine.limits
-    defaults = info.defaults
+    look = ModelForm.of(engine, None)
+    defaults = engine.info.defaults
     with gr.Row():
         with gr.Column(scale=2):
+            names = engine.models.names
+            model = gr.Dropdown(list(names), value=names[0], label="Model", visible=len(names) > 1,
+                                elem_id="ss-model")
             prompt = gr.Textbox(label="Prompt (Shift+Enter generates, Enter adds a line)", lines=2,
                                 placeholder="a large red circle on a blue background", elem_id="ss-prompt")
-            negative = gr.Textbox(label="Negative prompt", lines=1, visible=info.uses_negative_prompt,
-                                  value=defaults.negative_prompt or "", elem_id="ss-negative")
+            negative = gr.Textbox(label="Negative prompt", lines=1, visible=look.uses_negative_prompt,
+                                  value=look.negative_prompt or "", elem_id="ss-negative")
             unknown = gr.Markdown("", elem_id="ss-unknown")
             with gr.Row():
                 generate = gr.Button("Generate", variant="primary", elem_id="ss-generate")
                 cancel = gr.Button("Cancel all", variant="stop", elem_id="ss-cancel")
-            if defaults.example_prompts:
-                gr.Examples(examples=[[p] for p in defaults.example_prompts], inputs=[prompt], label="Example prompts")
+            examples = [[p] for info in engine.infos.values() for p in info.defaults.example_prompts]
+            if examples:
+                gr.Examples(examples=examples, inputs=[prompt], label="Example prompts")
             with gr.Accordion("Settings", open=True):
-                size_step = max(info.size_multiple, 1)
-                size_min = max(MIN_SIZE, size_step)
-                max_size = max(limits.max_size, size_min)
                 with gr.Row():
-                    width = gr.Slider(size_min, max_size, value=min(defaults.width, max_size), step=size_step,
+                    width = gr.Slider(look.size_min, look.size_max, value=look.width, step=look.size_step,
                                       label="Width", elem_id="ss-width")
-                    height = gr.Slider(size_min, max_size, value=min(defaults.height, max_size), step=size_step,
+                    height = gr.Slider(look.size_min, look.size_max, value=look.height, step=look.size_step,
                                        label="Height", elem_id="ss-height")
                 with gr.Row():
-                    steps = gr.Slider(1, limits.max_steps, value=min(defaults.num_inference_steps, limits.max_steps),
-                                      step=1, label="Steps", elem_id="ss-steps")
-                    guidance = gr.Slider(0.0, 20.0, value=defaults.guidance_scale, step=0.5, label="Guidance scale",
+                    steps = gr.Slider(1, look.max_steps, value=look.steps, step=1, label="Steps", elem_id="ss-steps")
+                    guidance = gr.Slider(0.0, 20.0, value=look.guidance, step=0.5, label="Guidance scale",
                                          elem_id="ss-guidance")
                 with gr.Row():
-                    scheduler = gr.Dropdown([("model default", "")] + [(s, s) for s in info.schedulers], value="",
-                                            label="Scheduler", visible=len(info.schedulers) > 1, elem_id="ss-scheduler")
+                    scheduler = gr.Dropdown([("model default", "")] + [(s, s) for s in look.schedulers], value="",
+                                            label="Scheduler", visible=len(look.schedulers) > 1, elem_id="ss-scheduler")
+                    frames = gr.Number(value=look.frames, precision=0, label="Frames", visible=look.makes_video,
+                                       elem_id="ss-frames")
                     batch_count = gr.Slider(1, min(MAX_BATCH_COUNT, config.max_branches), value=1, step=1,
                                             label="Batch count (seeds seed, seed+1, ...)", elem_id="ss-batch-count")
                 with gr.Row():
@@ -157,23 +218,23 @@ def build_simple_tab(engine: Engine, config: StudioOptions) -> tuple[SimpleForm,
             queue = gr.HTML(render_tab_queue([]), js_on_load=CANCEL_JS, elem_id="ss-tab-queue")
             with gr.Row():
                 preview = gr.Image(label="Live preview", format="jpeg", type="pil", interactive=False, height=256,
-                                   elem_id="ss-preview")
-                if info.output_kind == "video":
-                    media = gr.Video(label="Result", interactive=False, height=256, elem_id="ss-result")
-                else:
-                    media = gr.Image(label="Result", format="png", type="pil", interactive=False, height=256,
-                                     elem_id="ss-result")
+                                   visible=not look.makes_video, elem_id="ss-preview")
+                animation = gr.HTML("", label="Live preview", visible=look.makes_video, elem_id="ss-animation")
+                image = gr.Image(label="Result", format="png", type="pil", interactive=False, height=256,
+                                 visible=not look.makes_video, elem_id="ss-result")
+                video = gr.Video(label="Result", interactive=False, height=256, visible=look.makes_video,
+                                 elem_id="ss-result-video")
             gallery = gr.Gallery(label="This tab's results (newest first)", columns=6, rows=1, height=190,
                                  object_fit="contain", format="png", preview=False, allow_preview=True,
                                  elem_id="ss-gallery")
-    form = SimpleForm(prompt, negative, width, height, steps, guidance, scheduler, batch_count, random_seed, seed,
-                      unknown, generate, cancel)
-    return form, SimplePanel(queue, preview, media, gallery)
+    form = SimpleForm(model, prompt, negative, width, height, steps, guidance, scheduler, frames, batch_count,
+                      random_seed, seed, unknown, generate, cancel)
+    return form, SimplePanel(queue, preview, animation, image, video, gallery)
 
 
-def unknown_words_text(engine: Engine, prompt: str) -> str:
+def unknown_words_text(engine: Engine, model: str | None, prompt: str) -> str:
     """'The model does not know: ...' when the pipeline can tell which prompt words it never learned."""
-    finder = getattr(engine.pipeline, "unknown_words", None)
+    finder = getattr(engine.models[model or None], "unknown_words", None)
     if finder is None or not prompt or not prompt.strip():
         return ""
     words = list(finder(prompt))
@@ -193,24 +254,28 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
     def tab_outputs(session: str) -> dict:
         runs = runner.registry.runs_of(session)
         preview = latest_preview(runs)
-        if isinstance(preview, (list, tuple)):  # a video's frames: show the middle one
-            preview = preview[len(preview) // 2] if preview else None
         finished = results.of(session)
         outputs = {panel.queue: render_tab_queue(runs), panel.gallery: [item for item in finished],
                    **live.render(session)}
-        if preview is not None:
+        if isinstance(preview, (list, tuple)) and preview:  # a video's frames, looping
+            url = data_url(animated_gif(preview, fps, config.preview_max_px), "image/gif")
+            outputs[panel.animation] = f'<img class="ss-animation" src="{url}" alt="live preview">'
+        elif preview is not None:
             outputs[panel.preview] = preview_image(preview, config.preview_max_px)
         if finished:
-            outputs[panel.media] = finished[0][0]
+            newest = finished[0][0]
+            outputs[panel.video if isinstance(newest, str) else panel.image] = newest
         return outputs
 
     async def generate(values: dict, request: gr.Request):
         session = session_id_of(request)
         raw = {name: values[getattr(form, name)] for name in (
-            "prompt", "negative_prompt", "width", "height", "steps", "guidance_scale", "scheduler", "batch_count",
-            "random_seed", "seed")}
+            "model", "prompt", "negative_prompt", "width", "height", "steps", "guidance_scale", "scheduler", "frames",
+            "batch_count", "random_seed", "seed")}
+        look = ModelForm.of(engine, raw["model"] or None)
+        raw["frames"] = raw["frames"] if look.makes_video else None
         try:
-            run, compiled = runner.start(form_workflow(raw, engine.info.uses_negative_prompt, seed_start(raw)), session)
+            run, compiled = runner.start(form_workflow(raw, look.uses_negative_prompt, seed_start(raw)), session)
         except WorkflowError as exc:
             raise gr.Error(form_problems(exc), title="Request not accepted") from exc
         recorded: set[int] = set()
@@ -230,9 +295,10 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
         if failed:
             raise gr.Error(failed[0].message, title="Generation failed")
 
-    inputs = {form.prompt, form.negative_prompt, form.width, form.height, form.steps, form.guidance_scale,
-              form.scheduler, form.batch_count, form.random_seed, form.seed, browser_token}
-    outputs = [panel.queue, panel.preview, panel.media, panel.gallery, form.seed, *live.components]
+    inputs = {form.model, form.prompt, form.negative_prompt, form.width, form.height, form.steps, form.guidance_scale,
+              form.scheduler, form.frames, form.batch_count, form.random_seed, form.seed, browser_token}
+    media = [panel.preview, panel.animation, panel.image, panel.video]
+    outputs = [panel.queue, *media, panel.gallery, form.seed, *live.components]
     # trigger_mode="multiple": a click while earlier requests run queues more, it is not dropped.
     for event, name in ((form.generate.click, "ui_generate"), (form.prompt.submit, "ui_generate_on_enter")):
         event(generate, inputs=inputs, outputs=outputs, concurrency_limit=None, trigger_mode="multiple",
@@ -246,12 +312,19 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
     def cancel_one(event: gr.EventData, request: gr.Request) -> None:
         cancel_from_page(runner.registry, event, request)
 
-    form.cancel.click(cancel_all, outputs=[panel.queue, panel.preview, panel.media, panel.gallery, *live.components],
+    form.cancel.click(cancel_all, outputs=[panel.queue, *media, panel.gallery, *live.components],
                       queue=False,
                       api_name="ui_cancel", api_visibility="private", show_progress="hidden")
     panel.queue.stop(cancel_one, queue=False, api_name="ui_cancel_one", api_visibility="private",
                      show_progress="hidden")
-    if getattr(engine.pipeline, "unknown_words", None) is not None:
-        form.prompt.change(lambda prompt: unknown_words_text(engine, prompt), inputs=form.prompt,
-                           outputs=form.unknown_words, queue=False, trigger_mode="always_last",
-                           api_name="ui_unknown_words", api_visibility="private", show_progress="hidden")
+    form.prompt.change(lambda model, prompt: unknown_words_text(engine, model, prompt), inputs=[form.model, form.prompt],
+                       outputs=form.unknown_words, queue=False, trigger_mode="always_last",
+                       api_name="ui_unknown_words", api_visibility="private", show_progress="hidden")
+
+    def pick_model(model: str, prompt: str) -> list:
+        return ModelForm.of(engine, model or None).updates() + [unknown_words_text(engine, model, prompt)]
+
+    form.model.change(pick_model, inputs=[form.model, form.prompt],
+                      outputs=[form.width, form.height, form.steps, form.guidance_scale, form.negative_prompt,
+                               form.scheduler, form.frames, *media, form.unknown_words],
+                      queue=False, api_name="ui_pick_model", api_visibility="private", show_progress="hidden")

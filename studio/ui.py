@@ -60,7 +60,7 @@ class LiveViews:
     def render(self, session: str) -> dict:
         snapshot = self.engine.snapshot()
         return {self.queue: render_queues(snapshot, session, self.show_prompts),
-                self.graph: render_graph(snapshot, self.engine.info, session)}
+                self.graph: render_graph(snapshot, self.engine.infos, session)}
 
 
 def render_queues(snapshot, session: str, show_prompts: bool) -> str:
@@ -78,10 +78,10 @@ def _plural(count: int, word: str) -> str:
 
 
 def _build_header(engine: Engine) -> None:
-    info = engine.info
+    models = ", ".join(f"`{name}` ({info.family}, {info.output_kind}s)" for name, info in engine.infos.items())
     gr.Markdown(
-        f"## stepstudio · `{info.name}`\n"
-        f"{info.family} model, makes {info.output_kind}s. One shared engine in **{engine.mode}** mode "
+        f"## stepstudio · {' + '.join(f'`{name}`' for name in engine.models.names)}\n"
+        f"{_plural(len(engine.models.names), 'model')}: {models}. One shared engine in **{engine.mode}** mode "
         f"(up to {_plural(engine.max_batch, 'request')} per forward): requests join a running batch at the "
         "next denoise step."
     )
@@ -113,7 +113,7 @@ def build_ui(engine: Engine, config: StudioOptions) -> gr.Blocks:
     store = output_store(engine, config)
     runner = WorkflowRunner(engine, config, RunRegistry(), store)
     results = TabResults()
-    with gr.Blocks(title=f"stepstudio · {engine.info.name}") as demo:
+    with gr.Blocks(title=f"stepstudio · {' + '.join(engine.models.names)}") as demo:
         browser_token = gr.BrowserState("", storage_key=BROWSER_STORAGE_KEY)
         _build_header(engine)
         with gr.Tabs(elem_id="ss-tabs") as tabs:

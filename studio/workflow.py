@@ -38,14 +38,17 @@ class PortType:
     STEPS = "steps"
     GUIDANCE = "guidance"
     SCHEDULER = "scheduler"
+    FRAMES = "frames"  # a video's frame count
+    MODEL = "model"  # which loaded model makes the branch
     IMAGES = "images"  # a sampler's branches: their previews, images and settings
 
 
 # What a Sweep node may vary: its `param` value decides its output type.
-SWEEPABLE = (PortType.GUIDANCE, PortType.STEPS, PortType.SCHEDULER, PortType.SIZE, PortType.SEED)
+SWEEPABLE = (PortType.GUIDANCE, PortType.STEPS, PortType.SCHEDULER, PortType.SIZE, PortType.SEED, PortType.FRAMES,
+             PortType.MODEL)
 # A Grid's axes name a sampler input that a fan-out node feeds.
 GRID_AXES = ("auto", PortType.PROMPT, PortType.NEGATIVE_PROMPT, PortType.SEED, PortType.SIZE, PortType.STEPS,
-             PortType.GUIDANCE, PortType.SCHEDULER)
+             PortType.GUIDANCE, PortType.SCHEDULER, PortType.FRAMES, PortType.MODEL)
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class Field:
     """One editable value of a node. `kind` tells the editor which control to draw."""
 
     name: str
-    kind: str  # "text" | "lines" | "int" | "float" | "choice" | "scheduler"
+    kind: str  # "text" | "lines" | "int" | "float" | "choice" | "scheduler" | "model"
     default: Any
     label: str
     choices: tuple[str, ...] = ()
@@ -103,6 +106,8 @@ SAMPLER_INPUTS = (
     Port(PortType.STEPS, PortType.STEPS),
     Port(PortType.GUIDANCE, PortType.GUIDANCE),
     Port(PortType.SCHEDULER, PortType.SCHEDULER),
+    Port(PortType.FRAMES, PortType.FRAMES),
+    Port(PortType.MODEL, PortType.MODEL),
 )
 
 NODE_TYPES: dict[str, NodeType] = {
@@ -124,6 +129,11 @@ NODE_TYPES: dict[str, NodeType] = {
         _value_node("scheduler", "Scheduler", PortType.SCHEDULER,
                     (Field("name", "scheduler", "", "Scheduler", help="empty: the model's own"),),
                     "The noise scheduler."),
+        _value_node("frames", "Frames", PortType.FRAMES,
+                    (Field("frames", "int", 9, "Frames", help="video models only"),), "A video's frame count."),
+        _value_node("model", "Model", PortType.MODEL,
+                    (Field("name", "model", "", "Model", help="empty: the studio's default model"),),
+                    "Which loaded model makes the branch."),
         NodeType("prompt_list", "Prompt list", "fan-out", "One branch per line.",
                  outputs=(Port(PortType.PROMPT, PortType.PROMPT),),
                  fields=(Field("prompts", "lines", "", "Prompts, one per line"),)),
@@ -134,7 +144,7 @@ NODE_TYPES: dict[str, NodeType] = {
                  outputs=(Port("values", None),),
                  fields=(Field("param", "choice", PortType.GUIDANCE, "Setting", choices=SWEEPABLE),
                          Field("values", "text", "1, 3, 5", "Values",
-                               help="comma separated; sizes as WIDTHxHEIGHT"))),
+                               help="comma separated; sizes as WIDTHxHEIGHT; models by name"))),
         NodeType("sampler", "Sampler", "sampler",
                  "Denoises one engine request per combination of its inputs' values.",
                  inputs=SAMPLER_INPUTS, outputs=(Port(PortType.IMAGES, PortType.IMAGES),)),

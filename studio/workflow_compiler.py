@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from pipelines.params import MAX_PROMPT_CHARS, MAX_SEED, MIN_SIZE, GenerationParams
+from pipelines.params import MAX_FRAMES_ABSOLUTE, MAX_PROMPT_CHARS, MAX_SEED, MIN_SIZE, GenerationParams
 from studio.workflow import (
     NODE_TYPES,
     SAMPLER_INPUTS,
@@ -40,21 +40,52 @@ MAX_GUIDANCE = 100.0
 
 
 @dataclass(frozen=True)
-class WorkflowLimits:
-    """What the loaded model and the server allow; values outside are refused at compile time."""
+class ModelLimits:
+    """What one loaded model and the server allow for it; values outside are refused at compile time."""
 
-    max_branches: int = DEFAULT_MAX_BRANCHES
+    name: str = "default"
     max_steps: int = 100
     max_size: int = 1024
     size_multiple: int = 8
     schedulers: tuple[str, ...] = ()  # names a Scheduler node may use (empty: only the default)
     uses_negative_prompt: bool = True
+    makes_video: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("max_branches", "max_steps", "max_size", "size_multiple"):
+        for name in ("max_steps", "max_size", "size_multiple"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+
+
+@dataclass(frozen=True)
+class WorkflowLimits:
+    """The loaded models' limits (the first model is the default) and the branches a run may make."""
+
+    models: tuple[ModelLimits, ...] = (ModelLimits(),)
+    max_branches: int = DEFAULT_MAX_BRANCHES
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ValueError("WorkflowLimits needs at least one model.")
+        value = self.max_branches
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"max_branches must be a positive integer, got {value!r}.")
+
+    @property
+    def default(self) -> ModelLimits:
+        return self.models[0]
+
+    def model(self, name: str) -> ModelLimits:
+        return next(limits for limits in self.models if limits.name == name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(limits.name for limits in self.models)
+
+    def scope(self, limits: ModelLimits, what: str) -> str:
+        """How a range message names its limit: ' for this server' with one model, ' for <model>' with several."""
+        return f" for {what}" if len(self.models) == 1 else f" for {limits.name}"
 
 
 @dataclass(frozen=True)
@@ -72,6 +103,12 @@ class Branch:
     sampler: str  # node id
     params: GenerationParams  # unset fields = the model's defaults; seed None = the sampler's random seed
     axes: tuple[AxisValue, ...]  # one per fan-out input of the sampler, in input order
+    # GenerationParams field -> (node id, field of that node) that set it, to name them in errors
+    sources: tuple[tuple[str, tuple[str, str]], ...] = ()
+
+    def source_of(self, field_name: str) -> tuple[str, str | None]:
+        """(node id, port or field) that set a GenerationParams field; the sampler when none did."""
+        return dict(self.sources).get(field_name, (self.sampler, None))
 
     @property
     def label(self) -> str:
@@ -110,14 +147,22 @@ class _Value:
 
 
 class _ValueReader:
-    """Reads a node's field values (numbers may arrive as text from the editor), noting problems."""
+    """Reads a node's field values (numbers may arrive as text from the editor), noting problems.
+    `limits` are the limits of the model the values are read for."""
 
-    def __init__(self, node: Node, problems: list[Problem]) -> None:
+    def __init__(self, node: Node, problems: list[Problem], limits: ModelLimits, workflow_limits: WorkflowLimits) -> None:
         self.node = node
         self.problems = problems
+        self.limits = limits
+        self.workflow_limits = workflow_limits
+
+    def scope(self, what: str) -> str:
+        return self.workflow_limits.scope(self.limits, what)
 
     def fail(self, name: str, message: str) -> None:
-        self.problems.append(Problem(message, self.node.id, name))
+        problem = Problem(message, self.node.id, name)
+        if problem not in self.problems:  # a value read for several models fails once
+            self.problems.append(problem)
 
     def number(self, name: str, raw: object, whole: bool) -> float | int | None:
         value = raw
@@ -160,65 +205,89 @@ class _ValueReader:
         return raw
 
 
-def _steps(reader: _ValueReader, name: str, raw: object, limits: WorkflowLimits) -> _Value | None:
-    value = reader.bounded(name, raw, 1, limits.max_steps, whole=True, what=" for this server")
+def _steps(reader: _ValueReader, name: str, raw: object) -> _Value | None:
+    value = reader.bounded(name, raw, 1, reader.limits.max_steps, whole=True, what=reader.scope("this server"))
     return None if value is None else _Value(value, str(value))
 
 
-def _guidance(reader: _ValueReader, name: str, raw: object, limits: WorkflowLimits) -> _Value | None:
+def _guidance(reader: _ValueReader, name: str, raw: object) -> _Value | None:
     value = reader.bounded(name, raw, 0.0, MAX_GUIDANCE, whole=False)
     return None if value is None else _Value(value, f"{value:g}")
 
 
-def _seed(reader: _ValueReader, name: str, raw: object, limits: WorkflowLimits) -> _Value | None:
+def _seed(reader: _ValueReader, name: str, raw: object) -> _Value | None:
     value = reader.bounded(name, raw, -1, MAX_SEED, whole=True)
     if value is None:
         return None
     return _Value(None, "random") if value < 0 else _Value(value, str(value))
 
 
-def _side(reader: _ValueReader, name: str, raw: object, limits: WorkflowLimits) -> int | None:
+def _side(reader: _ValueReader, name: str, raw: object) -> int | None:
+    limits = reader.limits
     value = reader.bounded(name, raw, max(MIN_SIZE, limits.size_multiple), limits.max_size, whole=True,
-                           what=" for this model and server")
+                           what=reader.scope("this model and server"))
     if value is not None and value % limits.size_multiple:
         lower = max(limits.size_multiple, value - value % limits.size_multiple)
-        reader.fail(name, f"{value} is not a multiple of {limits.size_multiple} (e.g. {lower} or "
+        scope = "" if len(reader.workflow_limits.models) == 1 else f" ({limits.name})"
+        reader.fail(name, f"{value} is not a multiple of {limits.size_multiple}{scope} (e.g. {lower} or "
                           f"{lower + limits.size_multiple}).")
         return None
     return value
 
 
-def _size_text(reader: _ValueReader, name: str, raw: object, limits: WorkflowLimits) -> _Value | None:
+def _size_text(reader: _ValueReader, name: str, raw: object) -> _Value | None:
     text = str(raw).strip().lower()
     width_text, sep, height_text = text.partition("x")
     if not sep:
         reader.fail(name, f"{raw!r:.40} is not a size: write WIDTHxHEIGHT, e.g. 64x64.")
         return None
-    width, height = _side(reader, name, width_text, limits), _side(reader, name, height_text, limits)
+    width, height = _side(reader, name, width_text), _side(reader, name, height_text)
     return None if width is None or height is None else _Value((width, height), f"{width}x{height}")
 
 
-def _scheduler(reader: _ValueReader, name: str, raw: object, limits: WorkflowLimits) -> _Value | None:
+def _scheduler(reader: _ValueReader, name: str, raw: object) -> _Value | None:
     if not isinstance(raw, str):
         reader.fail(name, f"must be a scheduler name, got {type(raw).__name__}.")
         return None
     text = raw.strip()
     if text in ("", "default"):
         return _Value(None, "default")
-    if text not in limits.schedulers:
-        allowed = ", ".join(limits.schedulers) or "none besides the default"
-        reader.fail(name, f"{text!r:.40} is not a scheduler this model offers; allowed are: {allowed} "
+    schedulers = reader.limits.schedulers
+    if text not in schedulers:
+        allowed = ", ".join(schedulers) or "none besides the default"
+        model = "this model" if len(reader.workflow_limits.models) == 1 else reader.limits.name
+        reader.fail(name, f"{text!r:.40} is not a scheduler {model} offers; allowed are: {allowed} "
                           "(or leave it empty for the model's own).")
         return None
     return _Value(text, text)
 
 
-_PARSERS: dict[str, Callable[[_ValueReader, str, object, WorkflowLimits], _Value | None]] = {
+def _frames(reader: _ValueReader, name: str, raw: object) -> _Value | None:
+    value = reader.bounded(name, raw, 1, MAX_FRAMES_ABSOLUTE, whole=True)
+    if value is not None and value != 1 and not reader.limits.makes_video:
+        reader.fail(name, f"{reader.limits.name} makes still images: frames must be 1 (or leave frames unlinked).")
+        return None
+    return None if value is None else _Value(value, str(value))
+
+
+def _model(reader: _ValueReader, name: str, raw: object) -> _Value | None:
+    text = raw.strip() if isinstance(raw, str) else raw
+    if text in ("", "default", None):
+        return _Value(reader.workflow_limits.default.name, reader.workflow_limits.default.name)
+    if text not in reader.workflow_limits.names:
+        reader.fail(name, f"{text!r:.60} is not a loaded model; loaded: {', '.join(reader.workflow_limits.names)}.")
+        return None
+    return _Value(text, text)
+
+
+_PARSERS: dict[str, Callable[[_ValueReader, str, object], _Value | None]] = {
     PortType.STEPS: _steps,
     PortType.GUIDANCE: _guidance,
     PortType.SEED: _seed,
     PortType.SIZE: _size_text,
     PortType.SCHEDULER: _scheduler,
+    PortType.FRAMES: _frames,
+    PortType.MODEL: _model,
 }
 
 
@@ -235,19 +304,19 @@ def output_type(node: Node, port_name: str) -> str | None:
     return sweep_output_type(node) if port.type is None else port.type
 
 
-def _node_values(node: Node, limits: WorkflowLimits, problems: list[Problem]) -> list[_Value]:
-    """The values a value or fan-out node puts on its output (empty when a value is invalid)."""
-    reader = _ValueReader(node, problems)
+def _node_values(node: Node, reader: _ValueReader) -> list[_Value]:
+    """The values a value or fan-out node puts on its output, read for one model (empty when a
+    value is invalid)."""
     values = node.values
     if node.type in ("prompt", "negative_prompt"):
         text = reader.text("text", values["text"], required=node.type == "prompt")
         return [] if text is None else [_Value(text, text)]
     if node.type == "size":
-        width, height = _side(reader, "width", values["width"], limits), _side(reader, "height", values["height"], limits)
+        width, height = _side(reader, "width", values["width"]), _side(reader, "height", values["height"])
         return [] if width is None or height is None else [_Value((width, height), f"{width}x{height}")]
-    if node.type in ("seed", "steps", "guidance", "scheduler"):
+    if node.type in ("seed", "steps", "guidance", "scheduler", "frames", "model"):
         name = NODE_TYPES[node.type].fields[0].name
-        value = _PARSERS[node.type](reader, name, values[name], limits)
+        value = _PARSERS[node.type](reader, name, values[name])
         return [] if value is None else [value]
     if node.type == "prompt_list":
         text = reader.text("prompts", values["prompts"], required=False)
@@ -284,7 +353,7 @@ def _node_values(node: Node, limits: WorkflowLimits, problems: list[Problem]) ->
         if len(items) > MAX_FAN_OUT_VALUES:
             reader.fail("values", f"lists {len(items)} values; at most {MAX_FAN_OUT_VALUES} are allowed.")
             return []
-        parsed = [_PARSERS[param](reader, "values", item, limits) for item in items]
+        parsed = [_PARSERS[param](reader, "values", item) for item in items]
         return [] if None in parsed else parsed
     return []
 
@@ -349,14 +418,11 @@ def compile_workflow(workflow: Workflow, limits: WorkflowLimits | None = None) -
     _check_link_types(workflow, problems)
     sources = _input_sources(workflow)
 
-    node_values = {node.id: _node_values(node, limits, problems) for node in workflow.nodes.values()}
     for node in workflow.nodes.values():
         for port in NODE_TYPES[node.type].inputs:
             if port.required and (node.id, port.name) not in sources:
                 problems.append(Problem(f"this input is required: link a {port.type} output to it.", node.id, port.name))
-    for (node_id, port), source in sources.items():
-        if port == PortType.NEGATIVE_PROMPT and not limits.uses_negative_prompt:
-            problems.append(Problem("this model takes no negative prompt: remove the link.", node_id, port))
+    node_values = _read_values(workflow, sources, limits, problems)
 
     samplers = [node for node in workflow.nodes.values() if node.type == "sampler"]
     if not samplers:
@@ -380,6 +446,8 @@ def compile_workflow(workflow: Workflow, limits: WorkflowLimits | None = None) -
     for sampler in samplers:
         linked = [(p.name, sources[(sampler.id, p.name)]) for p in SAMPLER_INPUTS if (sampler.id, p.name) in sources]
         choices = [list(enumerate(node_values[source.id])) for _, source in linked]
+        branch_sources = tuple((field_name, (source.id, _source_field(source, field_name)))
+                               for input_name, source in linked for field_name in _FIELDS_OF_INPUT[input_name])
         for combination in itertools.product(*choices):
             fields: dict[str, Any] = {}
             axes = []
@@ -388,7 +456,7 @@ def compile_workflow(workflow: Workflow, limits: WorkflowLimits | None = None) -
                 if NODE_TYPES[source.type].is_fan_out:
                     axes.append(AxisValue(input_name, value_index, value.label))
             index = len(branches)
-            branches.append(Branch(index, sampler.id, _params(fields), tuple(axes)))
+            branches.append(Branch(index, sampler.id, _params(fields, limits.default.name), tuple(axes), branch_sources))
             for _, source in linked:
                 node_branches[source.id].append(index)
             node_branches[sampler.id].append(index)
@@ -409,7 +477,27 @@ def compile_workflow(workflow: Workflow, limits: WorkflowLimits | None = None) -
                             {node_id: tuple(indices) for node_id, indices in node_branches.items()})
 
 
-def _params(fields: dict[str, Any]) -> GenerationParams:
+# A sampler input -> the GenerationParams fields it sets.
+_FIELDS_OF_INPUT = {
+    PortType.PROMPT: ("prompt",), PortType.NEGATIVE_PROMPT: ("negative_prompt",), PortType.SEED: ("seed",),
+    PortType.SIZE: ("width", "height"), PortType.STEPS: ("num_inference_steps",),
+    PortType.GUIDANCE: ("guidance_scale",), PortType.SCHEDULER: ("scheduler",), PortType.FRAMES: ("num_frames",),
+    PortType.MODEL: ("model",),
+}
+
+
+def _source_field(node: Node, field_name: str) -> str:
+    """The field of a value or fan-out node that set a GenerationParams field (for error messages)."""
+    if node.type == "size":
+        return field_name  # width / height
+    if node.type == "seed_batch":
+        return "start"
+    if node.type == "sweep":
+        return "values"
+    return NODE_TYPES[node.type].fields[0].name if NODE_TYPES[node.type].fields else field_name
+
+
+def _params(fields: dict[str, Any], default_model: str) -> GenerationParams:
     size = fields.get(PortType.SIZE)
     return GenerationParams(
         prompt=fields[PortType.PROMPT],
@@ -420,7 +508,39 @@ def _params(fields: dict[str, Any]) -> GenerationParams:
         guidance_scale=fields.get(PortType.GUIDANCE),
         seed=fields.get(PortType.SEED),
         scheduler=fields.get(PortType.SCHEDULER),
+        num_frames=fields.get(PortType.FRAMES),
+        model=fields.get(PortType.MODEL, default_model),
     )
+
+
+def _read_values(workflow: Workflow, sources: dict[tuple[str, str], Node], limits: WorkflowLimits,
+                 problems: list[Problem]) -> dict[str, list[_Value]]:
+    """Every node's values, read for the models of the samplers it feeds (each value must suit
+    every one of them); a node feeding no sampler is read for the default model."""
+
+    def read(node: Node, model: ModelLimits) -> list[_Value]:
+        return _node_values(node, _ValueReader(node, problems, model, limits))
+
+    models_of: dict[str, list[str]] = {}
+    for node in workflow.nodes.values():
+        if node.type == "sampler":
+            source = sources.get((node.id, PortType.MODEL))
+            models_of[node.id] = [v.value for v in read(source, limits.default)] if source else [limits.default.name]
+    used_with: dict[str, list[str]] = {}
+    for (target, port), source in sources.items():
+        for model in models_of.get(target, ()):
+            if model not in used_with.setdefault(source.id, []):
+                used_with[source.id].append(model)
+            if port == PortType.NEGATIVE_PROMPT and not limits.model(model).uses_negative_prompt:
+                who = "this model" if len(limits.models) == 1 else model
+                problem = Problem(f"{who} takes no negative prompt: remove the link.", target, port)
+                if problem not in problems:
+                    problems.append(problem)
+    values = {}
+    for node in workflow.nodes.values():
+        readings = [read(node, limits.model(model)) for model in used_with.get(node.id) or [limits.default.name]]
+        values[node.id] = readings[0]  # the same values for every model, when none failed
+    return values
 
 
 def with_run_settings(branch: Branch, seed: int, preview_every: int) -> GenerationParams:

@@ -137,7 +137,8 @@ class WorkflowRun:
             try:
                 params = engine.prepare_params(with_run_settings(branch, seeds[branch.sampler], preview_every))
             except ValueError as exc:
-                problems.append(Problem(f"branch {branch.index} ({branch.label}): {exc}", branch.sampler))
+                node_id, port = branch.source_of(str(exc).split("=", 1)[0].split(" ", 1)[0])
+                problems.append(Problem(f"branch {branch.index} ({branch.label}): {exc}", node_id, port))
                 continue
             views.append(BranchView(branch, params, total=params.num_inference_steps))
         if problems:

@@ -25,7 +25,7 @@ from engine import Engine
 from studio.bridge import final_media, preview_image, session_id_of
 from studio.config import StudioOptions
 from studio.workflow import Problem, WorkflowError, node_type_specs, parse_workflow
-from studio.workflow_compiler import CompiledWorkflow, WorkflowLimits, compile_workflow
+from studio.workflow_compiler import CompiledWorkflow, ModelLimits, WorkflowLimits, compile_workflow
 from studio.media import animated_gif, data_url, model_fps
 from studio.outputs import OutputStore, owner_key, save_quietly
 from studio.run_registry import RunRegistry
@@ -54,15 +54,20 @@ def load_examples(folder: Path = EXAMPLES_DIR) -> dict[str, dict]:
 
 
 def workflow_limits(engine: Engine, config: StudioOptions) -> WorkflowLimits:
-    info, limits = engine.info, engine.limits
-    return WorkflowLimits(
-        max_branches=config.max_branches,
-        max_steps=limits.max_steps,
-        max_size=limits.max_size,
-        size_multiple=max(info.size_multiple, 1),
-        schedulers=tuple(info.schedulers),
-        uses_negative_prompt=info.uses_negative_prompt,
-    )
+    """Every loaded model's limits (the engine's default model first) and the branch limit."""
+    models = []
+    for name, info in engine.infos.items():
+        limits = engine.limits_for(name)
+        models.append(ModelLimits(
+            name=name,
+            max_steps=limits.max_steps,
+            max_size=limits.max_size,
+            size_multiple=max(info.size_multiple, 1),
+            schedulers=tuple(info.schedulers),
+            uses_negative_prompt=info.uses_negative_prompt,
+            makes_video=info.output_kind == "video",
+        ))
+    return WorkflowLimits(tuple(models), max_branches=config.max_branches)
 
 
 def compile_source(source: object, limits: WorkflowLimits) -> CompiledWorkflow:
@@ -73,11 +78,14 @@ def compile_source(source: object, limits: WorkflowLimits) -> CompiledWorkflow:
 
 
 def _model_field_defaults(engine: Engine) -> dict[str, dict]:
+    """New nodes start at the default model's settings (Frames at the first video model's)."""
     defaults = engine.info.defaults
+    video = next((info.defaults for info in engine.infos.values() if info.output_kind == "video"), None)
     return {
         "size": {"width": defaults.width, "height": defaults.height},
         "steps": {"steps": defaults.num_inference_steps},
         "guidance": {"scale": defaults.guidance_scale},
+        "frames": {"frames": video.num_frames if video else 1},
     }
 
 
@@ -260,7 +268,8 @@ def build_workflow_tab(engine: Engine) -> WorkflowTab:
         node_types=node_type_specs(_model_field_defaults(engine)),
         examples=examples,
         default_example=DEFAULT_EXAMPLE,
-        schedulers=list(engine.info.schedulers),
+        schedulers=sorted({name for info in engine.infos.values() for name in info.schedulers}),
+        models=list(engine.models.names),
         run_state=None,
     )
     results = gr.Gallery(label="Run results (grids first)", columns=8, height=220, object_fit="contain",

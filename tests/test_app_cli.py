@@ -54,3 +54,21 @@ def test_a_bad_api_key_option_never_echoes_the_key():
     assert "sk-secret" not in str(bad.value)
     with pytest.raises(ValueError, match="two API keys share a name"):
         options("--api-key", "a:k1", "--api-key", "a:k2")
+
+
+def test_model_may_be_given_more_than_once_and_the_first_is_the_default():
+    config = options("--model", "toy", "--model", "toy")
+    assert config.models == ("toy", "toy") and config.model == "toy"
+    engine = Engine(app.load_models(config), limits=config.limits)
+    assert engine.models.names == ("toy", "toy-2") and engine.models.default == "toy"
+
+
+def test_without_model_the_built_in_models_are_served(monkeypatch, tmp_path):
+    import pipelines.loader as loader
+
+    monkeypatch.setattr(loader, "BUILTIN_VIDEO_MODEL_DIR", tmp_path / "no-video-yet")
+    assert options().models == ("builtin",)
+    (tmp_path / "video").mkdir()
+    (tmp_path / "video" / "model_index.json").write_text("{}")
+    monkeypatch.setattr(loader, "BUILTIN_VIDEO_MODEL_DIR", tmp_path / "video")
+    assert options().models == ("builtin", "builtin-video")

@@ -75,3 +75,27 @@ def test_the_denoise_title_shows_the_steps_of_the_requests_there():
     running = next(v for v in snapshot.requests if v.state == "running")
     two = replace(snapshot, requests=(running, replace(running, request_id="x" * 32, total=20, step=5)))
     assert {n.stage: n.title for n in build_nodes(two, info, None)}["denoise"] == "denoise ×20–100"
+
+
+def test_several_models_get_a_row_each_with_their_own_counts():
+    first, second = ToyPipeline(step_delay_s=0.02), ToyPipeline()
+    engine = Engine({"small": first, "video": second}, max_batch=1).start()
+    try:
+        running = engine.submit(GenerationParams(prompt="a", num_inference_steps=100, model="small"), "me")
+        for event in running.events(timeout=10):
+            if isinstance(event, Progress):
+                break
+        done = engine.submit(GenerationParams(prompt="b", num_inference_steps=2, model="video"), "me").result(timeout=30)
+        snapshot = engine.snapshot()
+        running.cancel()
+    finally:
+        engine.close()
+    assert done.params.model == "video"
+    svg = render_graph(snapshot, engine.infos, viewer_session="me")
+    assert svg.count("<rect") == 2 * len(first.info.stages)
+    assert '>small</text>' in svg and '>video</text>' in svg
+    small = {node.stage: node for node in build_nodes(snapshot, first.info, "me", "small")}
+    video = {node.stage: node for node in build_nodes(snapshot, second.info, "me", "video")}
+    assert (small["denoise"].count, video["denoise"].count) == (1, 0)
+    assert (small["media"].count_label, video["media"].count_label) == ("0 made", "1 made")
+    assert svg.count('class="ss-model-row"') == 2

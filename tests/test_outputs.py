@@ -30,7 +30,7 @@ def test_infotext_is_automatic1111s_format_and_round_trips():
                     'Steps: 20, Sampler: euler, CFG scale: 3.5, Seed: 1234, Size: 64x48, Model: shapes-flux')
     assert parse_infotext(text) == {"prompt": "a red circle, left", "negative_prompt": "blurry: bad",
                                     "num_inference_steps": 20, "guidance_scale": 3.5, "seed": 1234,
-                                    "width": 64, "height": 48, "scheduler": "euler"}
+                                    "width": 64, "height": 48, "scheduler": "euler", "model": "shapes-flux"}
 
 
 def test_an_automatic1111_text_with_quoted_values_and_extra_keys_parses():
@@ -38,7 +38,7 @@ def test_an_automatic1111_text_with_quoted_values_and_extra_keys_parses():
             'Size: 512x768, Model hash: abc123, Lora hashes: "a: 1, b: 2", Version: v1.10.1')
     settings = parse_infotext(text)
     assert settings == {"prompt": "a castle\non a hill", "num_inference_steps": 30, "guidance_scale": 7.0,
-                        "seed": 42, "width": 512, "height": 768, "scheduler": "DPM++ 2M"}
+                        "seed": 42, "width": 512, "height": 768, "scheduler": "DPM++ 2M"}  # no Model key: none
     assert parse_infotext("just a prompt") == {"prompt": "just a prompt"}
 
 

@@ -118,7 +118,7 @@ def test_a_rejected_input_logs_no_traceback(capfd):
             client.predict(prompt="   ", negative_prompt="", width=64, height=64, steps=2, guidance_scale=1.0,
                            seed=-1, api_name="/generate")
         # A lone surrogate can't even be encoded by a client library; a raw JSON escape carries it.
-        body = '{"data": ["a \\ud800 b", "", 64, 64, 2, 1.0, -1]}'
+        body = '{"data": ["a \\ud800 b", "", 64, 64, 2, 1.0, -1, ""]}'
         posted = httpx.post(server.url + "gradio_api/call/generate", content=body,
                             headers={"content-type": "application/json"}, timeout=10)
         events = httpx.get(server.url + f"gradio_api/call/generate/{posted.json()['event_id']}", timeout=10).text

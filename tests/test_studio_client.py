@@ -58,7 +58,7 @@ def test_api_page_lists_the_named_endpoints(studio, clients):
     endpoints = clients().view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert {"/generate", "/cancel", "/queue"} <= set(endpoints)
     names = [p["parameter_name"] for p in endpoints["/generate"]["parameters"]]
-    assert names == ["prompt", "negative_prompt", "width", "height", "steps", "guidance_scale", "seed"]
+    assert names == ["prompt", "negative_prompt", "width", "height", "steps", "guidance_scale", "seed", "model"]
     assert not {name for name in endpoints if name.startswith("/ui_")}  # the page's own events stay private
 
 
@@ -110,12 +110,18 @@ def test_cancel_one_of_several_jobs_of_one_client(studio, clients):
     neighbour = submit(other, "neighbour", steps)
     status = wait_for(lambda: running_status(victim, 2), what="the victim to run")
     victim_id = status["request_id"]
-
-    with pytest.raises(AppError, match="another session"):
-        other.predict(victim_id, api_name="/cancel")
-
-    answer = owner.predict(victim_id, api_name="/cancel")
-    forwards_at_cancel = len(pipeline.forward_log)  # the engine has the cancel by now
+    # Hold the engine inside its next forward while the cancels arrive (no race with the run).
+    gate = StepGate(len(pipeline.forward_log) + 1)
+    pipeline.on_forward = gate
+    gate.wait()
+    try:
+        with pytest.raises(AppError, match="another session"):
+            other.predict(victim_id, api_name="/cancel")
+        answer = owner.predict(victim_id, api_name="/cancel")
+        forwards_at_cancel = len(pipeline.forward_log)  # the engine has the cancel by now
+    finally:
+        pipeline.on_forward = None
+        gate.release()
     assert answer == {"request_id": victim_id, "cancelled": True,
                       "message": "cancelling at the next step boundary"}
 
@@ -188,7 +194,7 @@ def test_many_sessions_at_once_are_not_serialised(studio, clients):
 
 def test_nan_in_a_raw_json_body_is_refused_with_the_engine_message(studio):
     server = studio[0]
-    body = '{"data": ["a red circle", "", 64, 64, 4, NaN, -1]}'  # Python's json accepts NaN
+    body = '{"data": ["a red circle", "", 64, 64, 4, NaN, -1, ""]}'  # Python's json accepts NaN
     posted = httpx.post(server.url + "gradio_api/call/generate", content=body,
                         headers={"content-type": "application/json"}, timeout=10)
     assert posted.status_code == 200, posted.text

@@ -171,7 +171,8 @@ def test_the_branch_limit_comes_from_the_command_line(studio):
     config = config_from_args(build_parser().parse_args(["--model", "toy", "--max-branches", "3"]))
     limits = workflow_limits(studio[1], config)
     assert limits.max_branches == 3
-    assert (limits.max_steps, limits.size_multiple, limits.uses_negative_prompt) == (60, 8, False)
+    model = limits.default
+    assert (model.name, model.max_steps, model.size_multiple, model.uses_negative_prompt) == ("toy", 60, 8, False)
 
 
 def test_every_branch_is_saved_with_its_settings_and_the_workflow(client, studio):

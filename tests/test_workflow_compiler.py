@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from studio.workflow import MAX_NODES, MAX_WORKFLOW_BYTES, WorkflowError, node_type_specs, parse_workflow
-from studio.workflow_compiler import WorkflowLimits, compile_workflow, with_run_settings
+from studio.workflow_compiler import ModelLimits, WorkflowLimits, compile_workflow, with_run_settings
 
-LIMITS = WorkflowLimits(max_branches=64, max_steps=100, max_size=256, size_multiple=16,
-                        schedulers=("euler", "ddim"), uses_negative_prompt=True)
+LIMITS = WorkflowLimits((ModelLimits(max_steps=100, max_size=256, size_multiple=16, schedulers=("euler", "ddim"),
+                                     uses_negative_prompt=True),), max_branches=64)
 
 
 def node(node_id, node_type, **values):
@@ -210,7 +210,7 @@ def test_values_outside_the_models_limits():
 
 
 def test_negative_prompt_refused_for_a_model_without_one():
-    limits = WorkflowLimits(uses_negative_prompt=False)
+    limits = WorkflowLimits((ModelLimits(uses_negative_prompt=False),))
     found = problems([PROMPT, SAMPLER, node("n", "negative_prompt", text="blurry")],
                      [TO_SAMPLER, link("n", "negative_prompt", "s", "negative_prompt")], limits=limits)
     assert found == [("s", "negative_prompt", "this model takes no negative prompt: remove the link.")]
@@ -242,6 +242,47 @@ def test_grid_axis_that_is_not_swept():
     assert found[0][:2] == ("grid", "x") and "'steps' is not swept by sampler s" in found[0][2]
 
 
+# ---------------------------------------------------------------------------- several models
+TWO_MODELS = WorkflowLimits((
+    ModelLimits(name="shapes-flux", max_steps=50, max_size=64, size_multiple=16, uses_negative_prompt=True),
+    ModelLimits(name="shapes-wan", max_steps=30, max_size=64, size_multiple=16, uses_negative_prompt=False,
+                makes_video=True),
+))
+
+
+def test_branches_name_their_model_and_the_default_is_the_first():
+    nodes = [PROMPT, SAMPLER, node("m", "sweep", param="model", values="shapes-flux, shapes-wan, default"),
+             node("f", "frames", frames=9)]
+    result = compiled(nodes[:2], [TO_SAMPLER], limits=TWO_MODELS)
+    assert result.branches[0].params.model == "shapes-flux" and result.branches[0].params.num_frames is None
+    video = compiled([PROMPT, SAMPLER, node("m", "model", name="shapes-wan"), nodes[3]],
+                     [TO_SAMPLER, link("m", "model", "s", "model"), link("f", "frames", "s", "frames")],
+                     limits=TWO_MODELS)
+    assert (video.branches[0].params.model, video.branches[0].params.num_frames) == ("shapes-wan", 9)
+    swept = compiled(nodes[:3], [TO_SAMPLER, link("m", "values", "s", "model")], limits=TWO_MODELS)
+    assert [b.params.model for b in swept.branches] == ["shapes-flux", "shapes-wan", "shapes-flux"]
+    assert swept.branches[1].label == "model shapes-wan"
+
+
+def test_values_must_suit_every_model_of_their_sampler():
+    nodes = [PROMPT, SAMPLER, node("m", "sweep", param="model", values="shapes-flux, shapes-wan"),
+             node("t", "steps", steps=40), node("n", "negative_prompt", text="blurry"), node("f", "frames", frames=9)]
+    links = [TO_SAMPLER, link("m", "values", "s", "model"), link("t", "steps", "s", "steps"),
+             link("n", "negative_prompt", "s", "negative_prompt"), link("f", "frames", "s", "frames")]
+    found = {(f[0], f[1]): f[2] for f in problems(nodes, links, limits=TWO_MODELS)}
+    assert found == {
+        ("t", "steps"): "40 is out of range for shapes-wan: allowed is 1..30.",
+        ("s", "negative_prompt"): "shapes-wan takes no negative prompt: remove the link.",
+        ("f", "frames"): "shapes-flux makes still images: frames must be 1 (or leave frames unlinked).",
+    }
+
+
+def test_an_unknown_model_is_named_with_the_loaded_ones():
+    found = problems([PROMPT, SAMPLER, node("m", "model", name="sdxl")],
+                     [TO_SAMPLER, link("m", "model", "s", "model")], limits=TWO_MODELS)
+    assert found == [("m", "name", "'sdxl' is not a loaded model; loaded: shapes-flux, shapes-wan.")]
+
+
 # ---------------------------------------------------------------------------- the format
 def test_round_trip_and_integer_ids():
     source = workflow([{"id": 1, "type": "prompt", "values": {"text": "a"}, "position": [5, 6]},
@@ -256,7 +297,7 @@ def test_round_trip_and_integer_ids():
 def test_node_type_specs_describe_ports_fields_and_model_defaults():
     specs = {spec["name"]: spec for spec in node_type_specs({"steps": {"steps": 28}})}
     assert [p["name"] for p in specs["sampler"]["inputs"]] == [
-        "prompt", "negative_prompt", "seed", "size", "steps", "guidance", "scheduler"]
+        "prompt", "negative_prompt", "seed", "size", "steps", "guidance", "scheduler", "frames", "model"]
     assert specs["sampler"]["inputs"][0]["required"] is True
     assert specs["sweep"]["outputs"] == [{"name": "values", "type": None}]
     assert specs["steps"]["fields"][0]["default"] == 28

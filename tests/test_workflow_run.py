@@ -16,7 +16,7 @@ from PIL import Image
 from engine import Engine, GenerationParams, ServingLimits
 from pipelines.toy import ToyPipeline
 from studio.workflow import WorkflowError, parse_workflow
-from studio.workflow_compiler import WorkflowLimits, compile_workflow
+from studio.workflow_compiler import ModelLimits, WorkflowLimits, compile_workflow
 from studio.workflow_run import WorkflowRun
 from tests.engine_helpers import solo_pixels
 
@@ -45,7 +45,7 @@ def seed_by_guidance(seeds=(3, 4), guidance="1, 2", prompt="a red circle", steps
 
 
 def compiled(source: dict, **limits):
-    return compile_workflow(parse_workflow(source), WorkflowLimits(**limits))
+    return compile_workflow(parse_workflow(source), WorkflowLimits((ModelLimits(name="toy", **limits),)))
 
 
 def drive(run: WorkflowRun, engine: Engine, start_after_first_view: bool = True, on_view=None):
@@ -191,7 +191,7 @@ def test_the_engine_checks_every_branch_before_anything_is_submitted(toy):
     source["links"].append(link("z", "values", "s", "size"))
     with pytest.raises(WorkflowError) as caught:
         WorkflowRun(engine, compiled(source, size_multiple=4), session_id="tab")
-    assert caught.value.problems[0].node_id == "s"
+    assert (caught.value.problems[0].node_id, caught.value.problems[0].port) == ("z", "values")  # the size sweep
     assert "width=68 must be a multiple of 8" in str(caught.value)
     assert engine.snapshot().requests == () and pipeline.encoded == []
 

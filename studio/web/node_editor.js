@@ -41,6 +41,7 @@
       for (const spec of props.node_types || []) this.types[spec.name] = spec;
       this.examples = props.examples || {};
       this.schedulers = props.schedulers || [];
+      this.models = props.models || [];
       this.undoStack = [];
       this.quiet = 0; // > 0 while loading a workflow: no undo entries, no link checks
       this.runState = null;
@@ -152,9 +153,11 @@
         const id = "df-" + field.name;
         let control;
         if (field.kind === "lines") control = `<textarea ${id} rows="3" spellcheck="false"></textarea>`;
-        else if (field.kind === "choice" || field.kind === "scheduler") {
-          const choices = field.kind === "scheduler" ? [""].concat(this.schedulers) : field.choices;
-          control = `<select ${id}>` + choices.map((c) => `<option value="${escapeHtml(c)}">${escapeHtml(c || "model default")}</option>`).join("") + "</select>";
+        else if (field.kind === "choice" || field.kind === "scheduler" || field.kind === "model") {
+          const choices = field.kind === "scheduler" ? [""].concat(this.schedulers)
+            : field.kind === "model" ? [""].concat(this.models) : field.choices;
+          const empty = field.kind === "model" ? "default model" : "model default";
+          control = `<select ${id}>` + choices.map((c) => `<option value="${escapeHtml(c)}">${escapeHtml(c || empty)}</option>`).join("") + "</select>";
         } else {
           const type = field.kind === "text" ? "text" : "number";
           const step = field.kind === "float" ? ' step="0.5"' : "";
