@@ -120,8 +120,19 @@ def start_studio(step_delay_s: float):
     engine.start()
     app = build_app(engine, config)
     server = StudioServer(app, "127.0.0.1", 0).start()
-    generate_index = next(i for i, fn in app.state.demo.fns.items() if fn.api_name == "generate")
-    return server, engine, recorder, generate_index
+    return server, engine, recorder, generate_endpoint(app.state.demo)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    fn_index: int
+    defaults: tuple  # one value per input, as the page would send it
+
+
+def generate_endpoint(demo) -> Endpoint:
+    """/generate's fn_index and its inputs' default values (a raw call sends one per input)."""
+    index, fn = next((i, fn) for i, fn in demo.fns.items() if fn.api_name == "generate")
+    return Endpoint(index, tuple(getattr(block, "value", None) for block in fn.inputs))
 
 
 # ---------------------------------------------------------------------------- callers
@@ -203,15 +214,17 @@ def call_gradio(client, rng: random.Random, kind: str) -> Outcome:
                    status["state"])
 
 
-def call_gradio_disconnect(url: str, rng: random.Random, fn_index: int) -> Outcome:
+def call_gradio_disconnect(url: str, rng: random.Random, endpoint: Endpoint) -> Outcome:
     """A page that joins the queue, reads its event stream for a moment and closes (a closed tab)."""
     import httpx
 
     session = f"stress-{rng.getrandbits(64):x}"
-    data = [f"tab {rng.random():.6f}", "", 64, 64, rng.randint(8, 40), 1.0, -1, ""]  # the last: model (default)
+    form = [f"tab {rng.random():.6f}", "", 64, 64, rng.randint(8, 40), 1.0, -1]  # prompt ... seed
+    data = form + list(endpoint.defaults[len(form):])  # any later inputs (the model) at their defaults
     with httpx.Client(base_url=url, timeout=CALL_TIMEOUT_S) as http:
-        joined = http.post("gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session,
-                                                          "event_data": None, "trigger_id": None})
+        joined = http.post("gradio_api/queue/join", json={"data": data, "fn_index": endpoint.fn_index,
+                                                          "session_hash": session, "event_data": None,
+                                                          "trigger_id": None})
         if joined.status_code != 200:
             return Outcome("gradio_disconnect", "gradio", "wrong", joined.text[:120])
         with http.stream("GET", "gradio_api/queue/data", params={"session_hash": session}) as stream:
@@ -221,7 +234,7 @@ def call_gradio_disconnect(url: str, rng: random.Random, fn_index: int) -> Outco
     return Outcome("gradio_disconnect", "gradio", "disconnected")
 
 
-def worker(url: str, fn_index: int, count: int, seed: int, outcomes: list, lock: threading.Lock) -> None:
+def worker(url: str, endpoint: Endpoint, count: int, seed: int, outcomes: list, lock: threading.Lock) -> None:
     from gradio_client import Client
 
     rng = random.Random(seed)
@@ -234,7 +247,7 @@ def worker(url: str, fn_index: int, count: int, seed: int, outcomes: list, lock:
             if kind == "http_disconnect":
                 outcome = call_http_disconnect(url, rng)
             elif kind == "gradio_disconnect":
-                outcome = call_gradio_disconnect(url, rng, fn_index)
+                outcome = call_gradio_disconnect(url, rng, endpoint)
             elif via_gradio:
                 outcome = call_gradio(client, rng, kind)
             else:
@@ -295,7 +308,7 @@ def run(requests: int = 1000, workers: int = 16, seed: int = 0, step_delay_s: fl
 
     logging.disable(logging.CRITICAL)  # injected faults log tracebacks by design; the report says it all
     report = Report(requests=requests, workers=workers)
-    server, engine, recorder, fn_index = start_studio(step_delay_s)
+    server, engine, recorder, endpoint = start_studio(step_delay_s)
     report.rss_mb["start"] = round(rss_mb(), 1)
     peak = [report.rss_mb["start"]]
     sampling = threading.Event()
@@ -313,7 +326,7 @@ def run(requests: int = 1000, workers: int = 16, seed: int = 0, step_delay_s: fl
     lock = threading.Lock()
     shares = [requests // workers + (1 if i < requests % workers else 0) for i in range(workers)]
     started = time.monotonic()
-    threads = [threading.Thread(target=worker, args=(server.url, fn_index, n, seed * 1000 + i, outcomes, lock))
+    threads = [threading.Thread(target=worker, args=(server.url, endpoint, n, seed * 1000 + i, outcomes, lock))
                for i, n in enumerate(shares)]
     for thread in threads:
         thread.start()

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from engine import Engine
 from pipelines.toy import ToyPipeline
 from studio.config import StudioOptions
+from benchmarks.stress import generate_endpoint
 from studio.http_api import ImageGenerationRequest
 from studio.server import StudioServer, build_app
 
@@ -26,7 +27,9 @@ TALLY: dict[str, int] = {}
 def studio():
     config = StudioOptions(model="toy", port=0, max_steps=50, preview_every=0)
     engine = Engine(ToyPipeline(), limits=config.limits).start()
-    server = StudioServer(build_app(engine, config), "127.0.0.1", 0).start()
+    app = build_app(engine, config)
+    GENERATE["defaults"] = generate_endpoint(app.state.demo).defaults
+    server = StudioServer(app, "127.0.0.1", 0).start()
     with httpx.Client(base_url=server.url, timeout=30) as http:
         yield http, engine
     server.stop()
@@ -143,12 +146,20 @@ BAD_FORM_VALUES = {
     6: st.one_of(st.floats(0.5, 1e6).filter(lambda v: not v.is_integer()), st.integers(min_value=2**63),
                  st.dictionaries(st.text(max_size=2), st.integers(), min_size=1, max_size=1)),
 }
-BAD_FORMS = st.one_of(
-    st.sampled_from(sorted(BAD_FORM_VALUES)).flatmap(
-        lambda index: BAD_FORM_VALUES[index].map(lambda value: [*GOOD_FORM[:index], value, *GOOD_FORM[index + 1:]])),
-    st.lists(st.integers(), max_size=6),  # too few values
-    st.lists(st.integers(), min_size=8, max_size=9),  # too many
+BAD_FORMS = st.one_of(  # ("form", prompt ... seed with one bad value) or ("count", values too few / too many)
+    st.sampled_from(sorted(BAD_FORM_VALUES)).flatmap(lambda index: BAD_FORM_VALUES[index].map(
+        lambda value: ("form", [*GOOD_FORM[:index], value, *GOOD_FORM[index + 1:]]))),
+    st.integers(-8, -1).map(lambda delta: ("count", delta)),
+    st.integers(1, 2).map(lambda delta: ("count", delta)),
 )
+GENERATE: dict = {}  # /generate's inputs' defaults, read from the served page (later inputs: the model)
+
+
+def _call_data(kind: str, value) -> list:
+    defaults = GENERATE["defaults"]
+    if kind == "form":
+        return value + list(defaults[len(value):])
+    return [1] * max(0, len(defaults) + value)
 
 
 def _gradio_error_message(http: httpx.Client, data: list) -> str:
@@ -166,11 +177,12 @@ def _gradio_error_message(http: httpx.Client, data: list) -> str:
 
 
 @settings(max_examples=90, **SETTINGS)
-@given(data=BAD_FORMS)
-def test_bad_generate_calls_get_a_gradio_error_with_a_message(studio, data):
+@given(form=BAD_FORMS)
+def test_bad_generate_calls_get_a_gradio_error_with_a_message(studio, form):
     http, engine = studio
-    message = _gradio_error_message(http, data)
+    message = _gradio_error_message(http, _call_data(*form))
     assert isinstance(message, str) and len(message) > 10, message
+    assert ("values in 'data'" in message) == (form[0] == "count"), message  # the bad field, not the count
     _count("gradio generate")
 
 
