@@ -60,18 +60,26 @@ class ServingLimits:
     def check(self, params: GenerationParams) -> None:
         """Raise ValueError when a (defaults-resolved) request exceeds this server's caps."""
         check_text(params)
-        if params.num_inference_steps > self.max_steps:
+        self.check_values(params.num_inference_steps, params.width, params.height, params.num_frames)
+
+    def check_values(self, num_inference_steps: int | None = None, width: int | None = None,
+                     height: int | None = None, num_frames: int | None = None) -> None:
+        """The same caps on raw values (None: not given). Front ends call it before building
+        GenerationParams, so a value far out of range gets this server's range in its message,
+        not the much wider absolute one."""
+        if num_inference_steps is not None and num_inference_steps < 1:
+            raise ValueError(f"num_inference_steps={num_inference_steps} is out of range: allowed is 1..{self.max_steps}.")
+        if num_inference_steps is not None and num_inference_steps > self.max_steps:
             raise ValueError(
-                f"num_inference_steps={params.num_inference_steps} is above this server's limit: "
+                f"num_inference_steps={num_inference_steps} is above this server's limit: "
                 f"allowed is 1..{self.max_steps}."
             )
         if self.max_size is not None:
-            for name in ("width", "height"):
-                value = getattr(params, name)
-                if value > self.max_size:
+            for name, value in (("width", width), ("height", height)):
+                if value is not None and value > self.max_size:
                     raise ValueError(f"{name}={value} is above this server's limit of {self.max_size} pixels.")
-        if params.num_frames > self.max_frames:
-            raise ValueError(f"num_frames={params.num_frames} is above this server's limit of {self.max_frames}.")
+        if num_frames is not None and num_frames > self.max_frames:
+            raise ValueError(f"num_frames={num_frames} is above this server's limit of {self.max_frames}.")
 
 
 def check_text(params: GenerationParams) -> None:

@@ -141,6 +141,7 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
             uses_negative_prompt=uses_negative_prompt,
             size_multiple=size_multiple,
             schedulers=self.schedulers,
+            supported_sizes=self.studio.sizes,
             extras={
                 **extras,
                 "default_scheduler": self.default_scheduler or self.schedulers[0],

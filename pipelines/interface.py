@@ -117,6 +117,9 @@ class PipelineInfo:
     uses_negative_prompt: bool
     size_multiple: int
     schedulers: tuple[str, ...] = ()
+    # The only (width, height) pairs served, when the model's card names them; empty: any size
+    # that is a multiple of size_multiple (within the server's limits).
+    supported_sizes: tuple[tuple[int, int], ...] = ()
     # Stages drawn in the pipeline graph view, in order.
     stages: tuple[str, ...] = ("prompt", "encode", "denoise", "decode", "media")
     extras: dict[str, str] = field(default_factory=dict)

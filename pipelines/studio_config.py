@@ -8,6 +8,7 @@ Every key is optional. A folder without the file is served with its family's def
     example_prompts                                                       shown in the studio
     vocabulary                                                            the only words the model knows;
                                                                           prompts are lower-cased
+    sizes ["64x64", ...]                                                  the only sizes served (default: any)
     preview_rgb_factors [C][3], preview_rgb_bias [3]                      latent -> RGB preview in [0, 1],
                                                                           on normalized latents
 """
@@ -40,6 +41,8 @@ class StudioConfig:
     vocabulary: frozenset[str] = frozenset()
     preview_rgb_factors: tuple[tuple[float, ...], ...] | None = None
     preview_rgb_bias: tuple[float, ...] | None = None
+    # The sizes the model makes well (its card's), as (width, height); empty: any size its family allows.
+    sizes: tuple[tuple[int, int], ...] = ()
 
     def model_defaults(
         self,
@@ -110,6 +113,12 @@ def read_studio_config(folder: Path) -> StudioConfig:
         bias = tuple(float(v) for v in bias)
 
     guidance = _typed(path, data, "guidance_scale", (int, float))
+    sizes = []
+    for text in _typed(path, data, "sizes", list) or ():
+        width, sep, height = str(text).lower().partition("x")
+        if not (sep and width.isdigit() and height.isdigit() and int(width) > 0 and int(height) > 0):
+            raise ValueError(f"{path}: sizes must be a list of \"WIDTHxHEIGHT\" texts like \"64x64\", got {text!r}.")
+        sizes.append((int(width), int(height)))
     return StudioConfig(
         height=_typed(path, data, "height", int),
         width=_typed(path, data, "width", int),
@@ -123,4 +132,5 @@ def read_studio_config(folder: Path) -> StudioConfig:
         vocabulary=frozenset(word.lower() for word in (_typed(path, data, "vocabulary", list) or ())),
         preview_rgb_factors=factors,
         preview_rgb_bias=bias,
+        sizes=tuple(sizes),
     )

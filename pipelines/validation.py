@@ -48,3 +48,11 @@ def check_size_and_scheduler(
             )
     if params.scheduler is not None:
         check_scheduler_name("scheduler", params.scheduler, schedulers)
+
+
+def check_supported_size(params: GenerationParams, name: str, sizes: tuple[tuple[int, int], ...]) -> None:
+    """The model's card names the only sizes it makes well: refuse the others, naming them."""
+    if sizes and (params.width, params.height) not in sizes:
+        allowed = ", ".join(f"{w}x{h}" for w, h in sizes)
+        raise ValueError(f"width={params.width}, height={params.height} is not a size {name} makes: "
+                         f"allowed {'sizes are' if len(sizes) > 1 else 'is'} {allowed}.")

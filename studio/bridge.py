@@ -158,12 +158,15 @@ class FormValues:
         model = self.model_name(engine)
         negative = self.negative_prompt if engine.infos[model].uses_negative_prompt else None
         frames = whole_number("num_frames", self.num_frames)
+        width, height = whole_number("width", self.width), whole_number("height", self.height)
+        steps = whole_number("steps", self.steps)
+        engine.limits_for(model).check_values(steps, width, height, frames or None)  # this server's ranges first
         return GenerationParams(
             prompt=self.prompt if isinstance(self.prompt, str) else "",
             negative_prompt=negative if negative else None,
-            width=whole_number("width", self.width),
-            height=whole_number("height", self.height),
-            num_inference_steps=whole_number("steps", self.steps),
+            width=width,
+            height=height,
+            num_inference_steps=steps,
             guidance_scale=number("guidance_scale", self.guidance_scale),
             seed=chosen_seed(self.seed),
             preview_every=preview_every,

@@ -128,8 +128,8 @@ def seed_start(values: dict[str, Any]) -> object:
 class ModelForm:
     """How the form looks for one model: its sizes, steps, defaults and kind of result."""
 
-    size_min: int
-    size_max: int
+    width_range: tuple[int, int]
+    height_range: tuple[int, int]
     size_step: int
     max_steps: int
     width: int
@@ -149,9 +149,12 @@ class ModelForm:
         step = max(info.size_multiple, 1)
         size_min = max(MIN_SIZE, step)
         size_max = max(limits.max_size, size_min)
+        sizes = info.supported_sizes  # a card that names its sizes narrows the sliders to them
+        width_range = (min(w for w, _ in sizes), max(w for w, _ in sizes)) if sizes else (size_min, size_max)
+        height_range = (min(h for _, h in sizes), max(h for _, h in sizes)) if sizes else (size_min, size_max)
         video = info.output_kind == "video"
-        return cls(size_min, size_max, step, limits.max_steps, min(defaults.width, size_max),
-                   min(defaults.height, size_max), min(defaults.num_inference_steps, limits.max_steps),
+        return cls(width_range, height_range, step, limits.max_steps, min(defaults.width, width_range[1]),
+                   min(defaults.height, height_range[1]), min(defaults.num_inference_steps, limits.max_steps),
                    defaults.guidance_scale, defaults.negative_prompt, info.uses_negative_prompt, tuple(info.schedulers),
                    defaults.num_frames if video else None, video)
 
@@ -159,8 +162,10 @@ class ModelForm:
         """gr.update()s for (width, height, steps, guidance, negative prompt, scheduler, frames,
         preview, animation, image, video) when this model is picked."""
         return [
-            gr.update(minimum=self.size_min, maximum=self.size_max, step=self.size_step, value=self.width),
-            gr.update(minimum=self.size_min, maximum=self.size_max, step=self.size_step, value=self.height),
+            gr.update(minimum=self.width_range[0], maximum=self.width_range[1], step=self.size_step, value=self.width,
+                      interactive=self.width_range[0] < self.width_range[1]),
+            gr.update(minimum=self.height_range[0], maximum=self.height_range[1], step=self.size_step,
+                      value=self.height, interactive=self.height_range[0] < self.height_range[1]),
             gr.update(maximum=self.max_steps, value=self.steps),
             gr.update(value=self.guidance),
             gr.update(visible=self.uses_negative_prompt, value=self.negative_prompt or ""),
@@ -195,10 +200,10 @@ def build_simple_tab(engine: Engine, config: StudioOptions) -> tuple[SimpleForm,
                 gr.Examples(examples=examples, inputs=[prompt], label="Example prompts")
             with gr.Accordion("Settings", open=True):
                 with gr.Row():
-                    width = gr.Slider(look.size_min, look.size_max, value=look.width, step=look.size_step,
-                                      label="Width", elem_id="ss-width")
-                    height = gr.Slider(look.size_min, look.size_max, value=look.height, step=look.size_step,
-                                       label="Height", elem_id="ss-height")
+                    width = gr.Slider(*look.width_range, value=look.width, step=look.size_step, label="Width",
+                                      interactive=look.width_range[0] < look.width_range[1], elem_id="ss-width")
+                    height = gr.Slider(*look.height_range, value=look.height, step=look.size_step, label="Height",
+                                       interactive=look.height_range[0] < look.height_range[1], elem_id="ss-height")
                 with gr.Row():
                     steps = gr.Slider(1, look.max_steps, value=look.steps, step=1, label="Steps", elem_id="ss-steps")
                     guidance = gr.Slider(0.0, 20.0, value=look.guidance, step=0.5, label="Guidance scale",

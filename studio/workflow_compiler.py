@@ -50,6 +50,7 @@ class ModelLimits:
     schedulers: tuple[str, ...] = ()  # names a Scheduler node may use (empty: only the default)
     uses_negative_prompt: bool = True
     makes_video: bool = False
+    sizes: tuple[tuple[int, int], ...] = ()  # the only sizes the model serves (empty: any multiple)
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "max_size", "size_multiple"):
@@ -242,7 +243,20 @@ def _size_text(reader: _ValueReader, name: str, raw: object) -> _Value | None:
         reader.fail(name, f"{raw!r:.40} is not a size: write WIDTHxHEIGHT, e.g. 64x64.")
         return None
     width, height = _side(reader, name, width_text), _side(reader, name, height_text)
-    return None if width is None or height is None else _Value((width, height), f"{width}x{height}")
+    return _size_pair(reader, name, width, height)
+
+
+def _size_pair(reader: _ValueReader, name: str, width: int | None, height: int | None) -> _Value | None:
+    if width is None or height is None:
+        return None
+    sizes = reader.limits.sizes
+    if sizes and (width, height) not in sizes:
+        allowed = ", ".join(f"{w}x{h}" for w, h in sizes)
+        model = "this model" if len(reader.workflow_limits.models) == 1 else reader.limits.name
+        reader.fail(name, f"{width}x{height} is not a size {model} makes: allowed {'sizes are' if len(sizes) > 1 else 'is'} "
+                          f"{allowed}.")
+        return None
+    return _Value((width, height), f"{width}x{height}")
 
 
 def _scheduler(reader: _ValueReader, name: str, raw: object) -> _Value | None:
@@ -313,7 +327,8 @@ def _node_values(node: Node, reader: _ValueReader) -> list[_Value]:
         return [] if text is None else [_Value(text, text)]
     if node.type == "size":
         width, height = _side(reader, "width", values["width"]), _side(reader, "height", values["height"])
-        return [] if width is None or height is None else [_Value((width, height), f"{width}x{height}")]
+        pair = _size_pair(reader, "width", width, height)
+        return [] if pair is None else [pair]
     if node.type in ("seed", "steps", "guidance", "scheduler", "frames", "model"):
         name = NODE_TYPES[node.type].fields[0].name
         value = _PARSERS[node.type](reader, name, values[name])

@@ -66,6 +66,7 @@ def workflow_limits(engine: Engine, config: StudioOptions) -> WorkflowLimits:
             schedulers=tuple(info.schedulers),
             uses_negative_prompt=info.uses_negative_prompt,
             makes_video=info.output_kind == "video",
+            sizes=tuple(info.supported_sizes),
         ))
     return WorkflowLimits(tuple(models), max_branches=config.max_branches)
 

@@ -63,3 +63,18 @@ def test_models_never_share_a_forward_and_take_turns():
     assert order == ["small", "wide"] * 4 + ["wide"] * 2
     assert [f.params.model for f in finals] == ["small", "small", "wide", "wide"]
     assert [f.params.num_inference_steps for f in finals] == [4, 4, 6, 6]
+
+
+def test_a_model_card_that_names_its_sizes_is_served_at_those_only(tmp_path):
+    from pipelines.loader import load_pipeline
+    from pipelines.studio_config import read_studio_config
+
+    builtin = load_pipeline("builtin")
+    assert builtin.info.supported_sizes == ((64, 64),)
+    engine = Engine(builtin, limits=ServingLimits(max_size=256))
+    assert engine.prepare_params(GenerationParams(prompt="a red circle")).width == 64
+    with pytest.raises(ValueError, match=r"width=32, height=32 is not a size shapes-flux makes: allowed is 64x64\."):
+        engine.prepare_params(GenerationParams(prompt="a red circle", width=32, height=32))
+    (tmp_path / "stepstudio.json").write_text('{"sizes": ["64x64", "big"]}')
+    with pytest.raises(ValueError, match=r"sizes must be a list of \"WIDTHxHEIGHT\" texts like \"64x64\", got 'big'"):
+        read_studio_config(tmp_path)

@@ -258,3 +258,24 @@ def test_auth_guards_the_page_and_the_http_api():
     finally:
         server.stop()
         engine.close()
+
+
+@pytest.mark.parametrize(("steps", "width"), [(500, 64), (5000, 64), (0, 64)])
+def test_out_of_range_values_name_this_servers_range_however_far_out(studio, clients, steps, width):
+    with pytest.raises(AppError, match=r"allowed is 1\.\.60\."):
+        clients().predict(prompt="a red circle", negative_prompt="", width=width, height=64, steps=steps,
+                          guidance_scale=1.0, seed=-1, api_name="/generate")
+
+
+def test_a_size_far_above_the_limit_names_this_servers_limit(studio, clients):
+    for width in (512, 100_000):
+        with pytest.raises(AppError, match="width=.* is above this server's limit of 256 pixels"):
+            clients().predict(prompt="a red circle", negative_prompt="", width=width, height=64, steps=4,
+                              guidance_scale=1.0, seed=-1, api_name="/generate")
+
+
+def test_integer_parameters_are_typed_as_integers_on_the_api_page(clients):
+    parameters = clients().view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]["parameters"]
+    types = {p["parameter_name"]: p["type"]["type"] for p in parameters}
+    assert (types["width"], types["height"], types["steps"], types["seed"]) == ("integer",) * 4
+    assert types["guidance_scale"] == "number"

@@ -309,3 +309,13 @@ def test_the_compiler_imports_neither_gradio_nor_torch():
             "print(sorted(m for m in ('torch', 'gradio', 'diffusers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_model_that_names_its_sizes_refuses_the_others():
+    limits = WorkflowLimits((ModelLimits(max_size=128, size_multiple=16, sizes=((64, 64),)),))
+    found = problems([PROMPT, SAMPLER, node("z", "size", width=32, height=32)],
+                     [TO_SAMPLER, link("z", "size", "s", "size")], limits=limits)
+    assert found == [("z", "width", "32x32 is not a size this model makes: allowed is 64x64.")]
+    swept = problems([PROMPT, SAMPLER, node("w", "sweep", param="size", values="64x64, 128x64")],
+                     [TO_SAMPLER, link("w", "values", "s", "size")], limits=limits)
+    assert swept == [("w", "values", "128x64 is not a size this model makes: allowed is 64x64.")]
