@@ -225,3 +225,24 @@ def test_history_survives_a_reload_and_its_settings_fill_the_form(open_page, bro
         assert stranger.locator("#ss-history img").count() == 0
     finally:
         context.close()
+
+
+def test_a_saved_pngs_parameters_round_trip_into_the_form(open_page, studio):
+    outputs = studio[3]
+    page = open_page()
+    page.uncheck("#ss-random-seed input")
+    page.fill("#ss-seed input", "777")
+    before = set(outputs.rglob("*.png"))
+    generate(page, "a png to reopen")
+    wait_rows(page, "rows.length === 1 && rows[0].state === 'completed'")
+    (saved,) = set(outputs.rglob("*.png")) - before
+    page.fill("#ss-prompt textarea", "something else")
+    page.check("#ss-random-seed input")
+    page.get_by_role("tab", name="History").click()
+    page.set_input_files("#ss-history-upload input[type=file]", str(saved))
+    page.wait_for_function("document.querySelector('#ss-history-details textarea').value.includes('Seed: 777')")
+    page.click("#ss-history-use")
+    page.wait_for_selector("#ss-generate")
+    assert page.input_value("#ss-prompt textarea") == "a png to reopen"
+    assert page.input_value("#ss-seed input") == "777" and not page.is_checked("#ss-random-seed input")
+    assert page.input_value("#ss-steps input[type=number]") == str(STEPS)
