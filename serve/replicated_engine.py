@@ -147,13 +147,14 @@ class _RemotePipeline:
 
 
 class ReplicatedEngine:
-    def __init__(self, handle, *, refresh_s: float = REFRESH_S, call_timeout_s: float = 30.0,
+    def __init__(self, handle, *, refresh_s: float = REFRESH_S, call_timeout_s: float = 10.0,
                  start_timeout_s: float = 600.0) -> None:
         self._handle = handle  # DeploymentHandle of the EngineReplica deployment
         self.refresh_s = refresh_s
         self.call_timeout_s = call_timeout_s  # prepare, describe, unknown_words, each report round
         self.start_timeout_s = start_timeout_s  # the first describe waits for a replica to load its model
-        self._board = ReplicaBoard(stale_after_s=max(2.0, 4 * refresh_s))
+        # A replica's report may miss a round or two when it is busy; a dead one is dropped at once.
+        self._board = ReplicaBoard(stale_after_s=max(5.0, 4 * refresh_s))
         self.metrics = ReplicatedMetrics(self._board)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="stepstudio-replicas", daemon=True)
@@ -319,6 +320,11 @@ class ReplicatedEngine:
 
     # ------------------------------------------------------------------ admission (callers' threads)
     def _prepared(self, params: GenerationParams) -> Prepared:
+        if self._description is not None and self._board.live_count == 0:
+            # Fail fast: the caller may be the studio's event loop, blocked while it waits.
+            self.metrics.requests_rejected.labels("unavailable").inc()
+            raise ReplicasUnavailableError("no engine replica is up right now (Serve is starting new ones); "
+                                           "try again shortly.")
         try:
             answer = self._call(lambda: self._handle.prepare.remote(params), self.call_timeout_s)
         except (TimeoutError, RayActorError, DeploymentUnavailableError) as error:
