@@ -233,3 +233,18 @@ def test_a_saved_png_opens_its_workflow(page, studio):
     by_type = lambda w: sorted((n["type"], json.dumps(n["values"], sort_keys=True)) for n in w["nodes"])  # noqa: E731
     assert by_type(reopened) == by_type(original)
     assert len(reopened["links"]) == len(original["links"]) == 4
+
+
+def test_fit_shows_every_node(page):
+    page.select_option(".sse-examples", "example:guidance-steps-xy")
+    page.wait_for_function("() => document.querySelectorAll('.sse-canvas .drawflow-node').length == 7")
+    page.click("[data-action='zoom-in']")
+    page.click("[data-action='zoom-in']")
+    page.click("[data-action='fit']")
+    canvas = page.locator(".sse-canvas").bounding_box()
+    for node_id in nodes(page):
+        box = page.locator(f"#node-{node_id}").bounding_box()
+        assert canvas["x"] <= box["x"] and box["x"] + box["width"] <= canvas["x"] + canvas["width"] + 1
+        assert canvas["y"] <= box["y"] and box["y"] + box["height"] <= canvas["y"] + canvas["height"] + 1
+    assert zoom(page) <= 1
+    shot(page, "editor-fit")

@@ -85,6 +85,7 @@
         button("−", "zoom-out", "Zoom out"),
         button("+", "zoom-in", "Zoom in"),
         button("1:1", "zoom-reset", "Reset zoom"),
+        button("Fit", "fit", "Show every node"),
         button("Clear", "clear", "Remove every node"),
         this.message,
       ]);
@@ -415,7 +416,26 @@
       if (action === "zoom-in") return this.df.zoom_in();
       if (action === "zoom-out") return this.df.zoom_out();
       if (action === "zoom-reset") return this.df.zoom_reset();
+      if (action === "fit") return this.fit();
       if (action === "clear") { this.df.clear(); this.changed(); this.say("Cleared (Undo brings it back)."); }
+    }
+
+    fit() {
+      // Zoom and pan so every node shows. drawflow scales its canvas about the canvas's centre:
+      // a point p lands at W/2 + (p - W/2) * zoom + translate.
+      const boxes = Object.values(this.df.drawflow.drawflow.Home.data).map((node) => {
+        const el = this.nodeElement(node.id);
+        return { x: node.pos_x, y: node.pos_y, w: el ? el.offsetWidth : 200, h: el ? el.offsetHeight : 100 };
+      });
+      if (!boxes.length) return;
+      const minX = Math.min(...boxes.map((b) => b.x)), maxX = Math.max(...boxes.map((b) => b.x + b.w));
+      const minY = Math.min(...boxes.map((b) => b.y)), maxY = Math.max(...boxes.map((b) => b.y + b.h));
+      const pre = this.df.precanvas, W = pre.clientWidth, H = pre.clientHeight, pad = 24;
+      const zoom = Math.max(this.df.zoom_min, Math.min(1, (W - 2 * pad) / (maxX - minX), (H - 2 * pad) / (maxY - minY)));
+      const x = pad + ((W - 2 * pad) - (maxX - minX) * zoom) / 2 - W / 2 - (minX - W / 2) * zoom;
+      const y = pad + ((H - 2 * pad) - (maxY - minY) * zoom) / 2 - H / 2 - (minY - H / 2) * zoom;
+      Object.assign(this.df, { zoom, zoom_last_value: zoom, canvas_x: x, canvas_y: y });
+      pre.style.transform = `translate(${x}px, ${y}px) scale(${zoom})`;
     }
 
     onKey(event) {
@@ -453,7 +473,10 @@
     onLoadChoice(event) {
       const value = event.target.value;
       event.target.value = "";
-      if (value.startsWith("example:")) this.load(this.examples[value.slice(8)], "Loaded example " + value.slice(8) + ".");
+      if (value.startsWith("example:")) {
+        this.load(this.examples[value.slice(8)], "Loaded example " + value.slice(8) + ".");
+        this.fit();
+      }
       else if (value.startsWith("saved:")) {
         const saved = this.readStorage(SAVED_KEY) || {};
         this.load(saved[value.slice(6)], "Loaded " + value.slice(6) + ".");
