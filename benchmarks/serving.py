@@ -3,6 +3,7 @@
     python benchmarks/serving.py                                   # 8 closed-loop users, built-in model
     python benchmarks/serving.py --workload open --rate 6 --requests 48
     python benchmarks/serving.py --systems diffusers step8 --requests 16 --cancel-fraction 0
+    python benchmarks/serving.py --kind video                      # the built-in video model, 9 frames
 
 Systems: `diffusers` (FluxPipeline.__call__ one request at a time), `request` (stepstudio
 request mode, max batch 8), `stepN` (stepstudio step mode with max batch N), `httpN` (step
@@ -14,6 +15,10 @@ show how much batching can give.
 
 Writes a JSON file with every record and prints a markdown table, ratios against the
 diffusers baseline, the targets, and a per-request timeline ("." waiting, "#" computing).
+
+`--kind video` serves a video model (default: the built-in one, `builtin-video`) the same way:
+`diffusers` is then the stock `WanPipeline.__call__`, every request also has a frame count
+(`--frames-mix`), and its prompts come from the moving-shapes world.
 """
 
 from __future__ import annotations
@@ -334,7 +339,10 @@ def _child(system: str, args, workload_file: Path, out_file: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="builtin", help="model folder or 'builtin' (default)")
+    parser.add_argument("--kind", choices=["image", "video"], default="image",
+                        help="what the model makes (video: requests have frames, diffusers is WanPipeline)")
+    parser.add_argument("--model", default=None,
+                        help="model folder, or 'builtin' (default) / 'builtin-video' (default with --kind video)")
     parser.add_argument("--systems", nargs="+", default=list(DEFAULT_SYSTEMS))
     parser.add_argument("--workload", choices=["closed", "open"], default="closed")
     parser.add_argument("--users", type=int, default=8, help="closed loop: concurrent users")
@@ -343,6 +351,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--steps-mix", type=int, nargs="+", default=[10, 20, 30])
     parser.add_argument("--sizes", type=int, nargs="+", default=[64])
+    parser.add_argument("--frames-mix", type=int, nargs="+", default=[9], help="--kind video: frame counts drawn")
     parser.add_argument("--cancel-fraction", type=float, default=0.1)
     parser.add_argument("--preview-every", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -358,6 +367,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--run-system", help=argparse.SUPPRESS)
     parser.add_argument("--workload-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.model is None:
+        args.model = "builtin-video" if args.kind == "video" else "builtin"
 
     if args.run_system:
         if args.threads:
@@ -369,7 +380,7 @@ def main(argv: list[str] | None = None) -> dict:
             from benchmarks.systems import measure_denoiser
 
             result = measure_denoiser(args.model, size=workload.items[0].size, batch_sizes=(1, 8),
-                                      guidance_scale=workload.guidance_scale)
+                                      guidance_scale=workload.guidance_scale, frames=workload.items[0].frames)
         else:
             result = run_system(args.run_system, args.model, workload, args.preview_every)
         Path(args.out).write_text(json.dumps(result))
@@ -377,9 +388,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}.")
+    if args.kind == "video" and any(name.startswith("http") for name in args.systems):
+        parser.error("httpN sends to /v1/images/generations, which serves image models only; "
+                     "with --kind video use diffusers, request and stepN.")
     workload = make_workload(
         args.workload, args.requests, args.users, args.rate, tuple(args.steps_mix), tuple(args.sizes),
         args.cancel_fraction, args.seed, args.arrivals, args.guidance_scale,
+        tuple(args.frames_mix) if args.kind == "video" else (),
     )
     results, summaries = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -423,6 +438,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\n## Serving benchmark ({args.workload} loop, {args.requests} requests, "
           f"{args.users if args.workload == 'closed' else f'{args.rate}/s'} "
           f"{'users' if args.workload == 'closed' else 'arrivals'}, steps {args.steps_mix}, sizes {args.sizes}, "
+          f"{f'frames {args.frames_mix}, ' if args.kind == 'video' else ''}"
           f"cancel {args.cancel_fraction:.0%}, guidance {args.guidance_scale or 'model default'}, "
           f"seed {args.seed}; {machine})\n")
     print(report(summaries, ceiling, workload))

@@ -1,7 +1,8 @@
 """The systems a serving benchmark compares, behind one small interface.
 
-- `DiffusersSystem`: the stock diffusers pipeline `__call__`, one request at a time from a
-  FIFO queue: what a plain Gradio demo with concurrency 1 does.
+- `DiffusersSystem`: the stock diffusers pipeline `__call__` (`FluxPipeline`, or `WanPipeline`
+  for a video model), one request at a time from a FIFO queue: what a plain Gradio demo with
+  concurrency 1 does.
 - `EngineSystem`: stepstudio's engine in request mode or step mode with a given max batch.
 
 Each `submit(item)` returns a `Ticket` whose `Record` collects the request's timestamps
@@ -70,6 +71,7 @@ class EngineSystem:
             seed=item.seed,
             preview_every=self.preview_every,
             guidance_scale=self.guidance_scale,
+            num_frames=item.frames,
         )
 
     def submit(self, item: WorkItem) -> Ticket:
@@ -107,21 +109,32 @@ class EngineSystem:
 
 # ---------------------------------------------------------------------------- diffusers
 class DiffusersSystem:
-    """FluxPipeline.__call__ one request at a time, with the model's serving defaults."""
+    """FluxPipeline.__call__ (WanPipeline.__call__ for a video model) one request at a time, with
+    the model's serving defaults."""
 
     def __init__(self, model: str, preview_every: int, guidance_scale: float | None = None) -> None:
+        from pathlib import Path
+
         from diffusers import FluxPipeline
 
-        from pipelines.loader import BUILTIN_MODEL_DIR
+        from pipelines.loader import BUILTIN_MODELS, read_model_index
         from pipelines.studio_config import read_studio_config
 
-        path = str(BUILTIN_MODEL_DIR) if model in (None, "builtin") else model
-        self.pipe = FluxPipeline.from_pretrained(path, use_safetensors=True, torch_dtype=torch.float32)
+        path = str(BUILTIN_MODELS[model or "builtin"]) if model in (None, *BUILTIN_MODELS) else model
+        self.makes_video = read_model_index(Path(path)).get("_class_name") == "WanPipeline"
+        if self.makes_video:
+            from benchmarks.gpu_parity import load_stock
+
+            self.pipe, _ = load_stock("WanPipeline", Path(path), torch.device("cpu"), torch.float32)
+        else:
+            self.pipe = FluxPipeline.from_pretrained(path, use_safetensors=True, torch_dtype=torch.float32)
         self.pipe.set_progress_bar_config(disable=True)
-        studio = read_studio_config(__import__("pathlib").Path(path))
+        studio = read_studio_config(Path(path))
         self.max_sequence_length = studio.max_sequence_length or 512
         if guidance_scale is None:
-            guidance_scale = studio.guidance_scale if studio.guidance_scale is not None else 1.0
+            # Wan's own default guidance is 5 (WanPipeline.__call__ and the step pipeline agree).
+            family_default = 5.0 if self.makes_video else 1.0
+            guidance_scale = studio.guidance_scale if studio.guidance_scale is not None else family_default
         self.guidance_scale = guidance_scale
         self.negative_prompt = studio.negative_prompt
         self._queue: queue.Queue = queue.Queue()
@@ -150,11 +163,9 @@ class DiffusersSystem:
                     pipe._interrupt = True  # diffusers skips the remaining steps, then still decodes
                 return callback_kwargs
 
-            true_cfg = self.negative_prompt is not None and self.guidance_scale > 1
             self.pipe(
                 prompt=item.prompt,
-                negative_prompt=self.negative_prompt if true_cfg else None,
-                true_cfg_scale=self.guidance_scale if true_cfg else 1.0,
+                **self._guidance(item),
                 height=item.size,
                 width=item.size,
                 num_inference_steps=item.steps,
@@ -167,6 +178,15 @@ class DiffusersSystem:
             record.status = "aborted" if record.cancel_requested is not None else "completed"
             done.set()
 
+    def _guidance(self, item: WorkItem) -> dict:
+        """The stock __call__'s guidance arguments as the step pipeline's defaults ask for them."""
+        if self.makes_video:  # CFG when guidance > 1, the negative prompt "" when none (as __call__)
+            return {"negative_prompt": self.negative_prompt, "guidance_scale": self.guidance_scale,
+                    "num_frames": item.frames, "output_type": "pil"}
+        true_cfg = self.negative_prompt is not None and self.guidance_scale > 1
+        return {"negative_prompt": self.negative_prompt if true_cfg else None,
+                "true_cfg_scale": self.guidance_scale if true_cfg else 1.0}
+
     def batch_sizes(self) -> dict[int, int]:
         return {1: self._forwards} if self._forwards else {}
 
@@ -178,7 +198,7 @@ class DiffusersSystem:
 # ---------------------------------------------------------------------------- ceiling
 @torch.no_grad()
 def measure_denoiser(model: str, size: int, batch_sizes: tuple[int, ...], repeats: int = 10,
-                     guidance_scale: float | None = None) -> dict:
+                     guidance_scale: float | None = None, frames: int | None = None) -> dict:
     """Time the bare batched denoiser forward (the pipeline's denoise_step, no engine), and
     one request's encode and decode, to compute the batching ceiling."""
     pipeline = load_pipeline(model)
@@ -187,7 +207,8 @@ def measure_denoiser(model: str, size: int, batch_sizes: tuple[int, ...], repeat
     encode_s = []
     for i in range(max(batch_sizes)):
         params = engine.prepare_params(
-            GenerationParams(prompt=f"a red circle {i}", width=size, height=size, seed=i, guidance_scale=guidance_scale)
+            GenerationParams(prompt=f"a red circle {i}", width=size, height=size, seed=i, guidance_scale=guidance_scale,
+                             num_frames=frames)
         )
         state = RequestState(request_id=str(i), params=params)
         started = time.perf_counter()

@@ -1,18 +1,24 @@
 """Seeded serving workloads: who sends which request when, and which ones get cancelled.
 
-Two runs with the same arguments send exactly the same requests in the same order.
+Two runs with the same arguments send exactly the same requests in the same order. A video
+workload (`frames_mix` given) also draws each request's frame count, after everything an
+image workload draws, so an image workload is the same with or without this option.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
 Kind = Literal["closed", "open"]
 
+_FALLBACK_VIDEO_PROMPTS = (
+    "a red circle moving left on a blue background",
+    "a green square moving up on a black background",
+)
 _FALLBACK_PROMPTS = (
     "a large red circle on a blue background, left",
     "a small yellow square on a black background, center",
@@ -31,6 +37,7 @@ class WorkItem:
     size: int
     seed: int
     cancel_after_step: int | None  # cancel once this many steps are done (None: never)
+    frames: int | None = None  # a video's frame count (None: an image)
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,16 @@ def shape_prompts(count: int, seed: int) -> list[str]:
         return [_FALLBACK_PROMPTS[i % len(_FALLBACK_PROMPTS)] for i in range(count)]
 
 
+def moving_shape_prompts(count: int, seed: int) -> list[str]:
+    """Prompts from the built-in video model's world when it is importable, else a fixed few."""
+    try:
+        from tools.moving_shapes_world import example_prompts
+
+        return list(example_prompts(count, seed))
+    except ImportError:
+        return [_FALLBACK_VIDEO_PROMPTS[i % len(_FALLBACK_VIDEO_PROMPTS)] for i in range(count)]
+
+
 def make_workload(
     kind: Kind,
     num_requests: int,
@@ -73,29 +90,29 @@ def make_workload(
     seed: int,
     arrivals: Literal["poisson", "fixed"] = "poisson",
     guidance_scale: float | None = None,
+    frames_mix: tuple[int, ...] = (),
 ) -> Workload:
     if num_requests < 1 or users < 1:
         raise ValueError(f"num_requests={num_requests} and users={users} must both be at least 1.")
     if not 0.0 <= cancel_fraction < 1.0:
         raise ValueError(f"cancel_fraction={cancel_fraction} must be in [0, 1).")
     rng = random.Random(seed)
-    prompts = shape_prompts(num_requests, seed)
+    prompts = moving_shape_prompts(num_requests, seed) if frames_mix else shape_prompts(num_requests, seed)
     items, clock = [], 0.0
     for index in range(num_requests):
         steps = rng.choice(steps_mix)
         cancel = rng.random() < cancel_fraction
-        items.append(
-            WorkItem(
-                index=index,
-                user=index % users,
-                arrival_s=round(clock, 6),
-                prompt=prompts[index].lower(),
-                steps=steps,
-                size=rng.choice(sizes),
-                seed=rng.randrange(2**31),
-                cancel_after_step=max(1, steps // 2) if cancel else None,
-            )
+        item = WorkItem(
+            index=index,
+            user=index % users,
+            arrival_s=round(clock, 6),
+            prompt=prompts[index].lower(),
+            steps=steps,
+            size=rng.choice(sizes),
+            seed=rng.randrange(2**31),
+            cancel_after_step=max(1, steps // 2) if cancel else None,
         )
+        items.append(replace(item, frames=rng.choice(frames_mix)) if frames_mix else item)
         if kind == "open":
             clock += rng.expovariate(rate_per_s) if arrivals == "poisson" else 1.0 / rate_per_s
     return Workload(kind=kind, users=users, rate_per_s=rate_per_s, items=tuple(items), guidance_scale=guidance_scale)

@@ -2,7 +2,9 @@
 
     POST /v1/images/generations      OpenAI Images request -> PNG images (b64_json or url)
     GET  /v1/images/files/{name}     the PNGs behind response_format="url" (expire after a while)
-    GET  /v1/models[/{model}]        the loaded model
+    /v1/videos[...]                  OpenAI Videos jobs: create, retrieve, list, content, delete
+                                     (studio.video_api)
+    GET  /v1/models[/{model}]        every loaded model
     GET  /v1/openapi.json            this API's OpenAPI document
     GET  /healthz                    engine alive (details: queue depth, running requests)
     GET  /metrics                    Prometheus text of the engine's metrics
@@ -46,6 +48,8 @@ from studio.throttle import FailedAttempts, LockedOut
 if TYPE_CHECKING:
     from PIL import Image
 
+    from studio.outputs import OutputStore
+
 _SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 _KEY_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
@@ -71,16 +75,24 @@ class HttpApiConfig:
     # host out for a minute (429).
     failed_key_delay_s: float = 1.0
     max_failed_keys: int = 10
+    # /v1/videos jobs (studio.video_jobs): a finished video stays downloadable this long; the
+    # store holds at most this many jobs and bytes, one caller at most video_jobs_per_caller.
+    video_ttl_s: float = 3600.0
+    video_store_max_jobs: int = 128
+    video_store_max_bytes: int = 256 * 2**20
+    video_jobs_per_caller: int = 16
+    video_poll_after_ms: int = 250  # what retrieve tells the openai client's poll loop to wait
 
     def __post_init__(self) -> None:
         for name in (
             "max_images_per_request", "max_body_bytes", "image_store_max_files", "image_store_max_bytes",
-            "image_store_files_per_caller", "max_failed_keys",
+            "image_store_files_per_caller", "max_failed_keys", "video_store_max_jobs", "video_store_max_bytes",
+            "video_jobs_per_caller", "video_poll_after_ms",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-        for name in ("image_ttl_s", "body_timeout_s"):
+        for name in ("image_ttl_s", "body_timeout_s", "video_ttl_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}.")
         if not self.failed_key_delay_s >= 0:
@@ -134,10 +146,12 @@ class ImageGenerationRequest(pydantic.BaseModel):
 
 
 def build_router(
-    engine_: engine.Engine, config: HttpApiConfig | None = None, attempts: FailedAttempts | None = None
+    engine_: engine.Engine, config: HttpApiConfig | None = None, attempts: FailedAttempts | None = None,
+    outputs: "OutputStore | None" = None,
 ) -> fastapi.APIRouter:
     """The API's routes, bound to one running engine. `attempts` counts wrong keys per host
-    (share one with the login page's guard, so both doors count the same guesses)."""
+    (share one with the login page's guard, so both doors count the same guesses); `outputs`
+    saves finished videos (None: they are only kept for download)."""
     config = config or HttpApiConfig()
     attempts = attempts or FailedAttempts(delay_s=config.failed_key_delay_s, max_failures=config.max_failed_keys)
     images = ImageFileStore(
@@ -183,7 +197,7 @@ def build_router(
             await caller(request)
         except ApiError as error:
             return error.to_response()
-        return JSONResponse({"object": "list", "data": [_model_card(engine_)]})
+        return JSONResponse({"object": "list", "data": [_model_card(name, info) for name, info in engine_.infos.items()]})
 
     @router.get("/v1/models/{model}")
     async def retrieve_model(model: str, request: Request) -> Response:
@@ -191,9 +205,10 @@ def build_router(
             await caller(request)
         except ApiError as error:
             return error.to_response()
-        if model != engine_.info.name:
-            return http_errors.unknown_model(model[:256], engine_.info.name).to_response()
-        return JSONResponse(_model_card(engine_))
+        infos = engine_.infos
+        if model not in infos:
+            return http_errors.unknown_model(model[:256], tuple(infos)).to_response()
+        return JSONResponse(_model_card(model, infos[model]))
 
     @router.get("/v1/openapi.json", include_in_schema=False)
     async def openapi(request: Request) -> Response:
@@ -228,6 +243,9 @@ def build_router(
             return error.to_response()
         return Response(engine_.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
+    from studio.video_api import add_video_routes  # here: video_api imports this module's helpers
+
+    add_video_routes(router, engine_, config, caller, outputs)
     known = list(router.routes)
 
     @router.api_route("/v1/{path:path}", methods=_ALL_METHODS, include_in_schema=False)
@@ -256,22 +274,12 @@ _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 async def _generate_images(
     engine_: engine.Engine, config: HttpApiConfig, images: ImageFileStore, request: Request, session: str
 ) -> Response:
-    try:
-        body = await asyncio.wait_for(_read_body(request, config.max_body_bytes), config.body_timeout_s)
-    except asyncio.TimeoutError:
-        raise http_errors.body_timeout(config.body_timeout_s) from None
+    body = await _read_body_in_time(request, config)
     try:
         ask = ImageGenerationRequest.model_validate_json(body)
     except pydantic.ValidationError as error:
         raise http_errors.from_validation_error(error) from None
-    info = engine_.info
-    if ask.model is not None and ask.model != info.name:
-        raise http_errors.unknown_model(ask.model, info.name)
-    if info.output_kind != "image":
-        raise http_errors.invalid_value(
-            f"model {info.name!r} makes {info.output_kind}s; /v1/images/generations only serves image models.",
-            "model", code="unsupported_model",
-        )
+    model = resolve_model(engine_, ask.model, "image", "/v1/images/generations")
     n = 1 if ask.n is None else ask.n
     # One caller can never have more images in flight than its session limit allows.
     max_n = min(config.max_images_per_request, engine_.limits.max_per_session)
@@ -287,6 +295,7 @@ async def _generate_images(
             num_inference_steps=ask.num_inference_steps,
             guidance_scale=ask.guidance_scale,
             seed=ask.seed,
+            model=model,
         )
     except ValueError as error:
         raise http_errors.from_engine_value_error(error) from None
@@ -313,6 +322,14 @@ async def _generate_images(
             item["b64_json"] = base64.b64encode(png).decode("ascii")
         data.append(item)
     return JSONResponse({"created": int(time.time()), "data": data, "output_format": "png"})
+
+
+async def _read_body_in_time(request: Request, config: HttpApiConfig) -> bytes:
+    """The body, within the size limit (413) and the time limit (408)."""
+    try:
+        return await asyncio.wait_for(_read_body(request, config.max_body_bytes), config.body_timeout_s)
+    except asyncio.TimeoutError:
+        raise http_errors.body_timeout(config.body_timeout_s) from None
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -468,6 +485,24 @@ def _image_url(request: Request, config: HttpApiConfig, name: str) -> str:
     return str(request.url_for("stepstudio_image_file", name=name))
 
 
-def _model_card(engine_: engine.Engine) -> dict:
-    info = engine_.info
-    return {"id": info.name, "object": "model", "created": 0, "owned_by": "stepstudio", "family": info.family}
+def _model_card(name: str, info) -> dict:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "stepstudio", "family": info.family,
+            "output_kind": info.output_kind}
+
+
+def resolve_model(engine_: engine.Engine, requested: str | None, kind: str, route: str) -> str:
+    """The loaded model a request of `route` goes to: the one named (404 when it is not loaded,
+    400 when it makes the other kind of media), else the first loaded model of `kind`."""
+    infos = engine_.infos
+    of_kind = [name for name, info in infos.items() if info.output_kind == kind]
+    if requested is not None and requested not in infos:
+        raise http_errors.unknown_model(requested, tuple(infos))
+    if requested is not None and requested in of_kind:
+        return requested
+    if requested is None and of_kind:
+        return of_kind[0]
+    others = ", ".join(f"{name} ({info.output_kind})" for name, info in infos.items())
+    allowed = f"use one of: {', '.join(of_kind)}" if of_kind else f"none of the loaded models does ({others})"
+    what = f"model {requested!r} makes {infos[requested].output_kind}s" if requested else f"no {kind} model is loaded"
+    raise http_errors.invalid_value(f"{what}; {route} serves {kind} models: {allowed}.", "model",
+                                    code="unsupported_model")

@@ -90,10 +90,11 @@ def from_admission_error(error: engine.AdmissionError) -> ApiError:
     return ApiError(429, str(error), type="rate_limit_error", code=code, retry_after_s=1)
 
 
-def unknown_model(requested: str, served: str) -> ApiError:
+def unknown_model(requested: str, served: str | tuple[str, ...]) -> ApiError:
+    names = ", ".join(repr(name) for name in ((served,) if isinstance(served, str) else served))
     return ApiError(
         404,
-        f"model={requested!r} is not served here; this server serves {served!r} (see GET /v1/models).",
+        f"model={requested!r} is not served here; this server serves {names} (see GET /v1/models).",
         param="model",
         code="model_not_found",
     )

@@ -37,7 +37,7 @@ from studio.guards import StudioGuards, input_counts
 from studio.http_api import HttpApiConfig, build_router
 from studio.temp_files import TempFileSweeper
 from studio.throttle import FailedAttempts
-from studio.ui import STUDIO_CSS, build_ui
+from studio.ui import STUDIO_CSS, build_ui, output_store
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,8 @@ def build_app(engine: Engine, config: StudioOptions) -> fastapi.FastAPI:
     attempts = FailedAttempts(delay_s=api_config.failed_key_delay_s, max_failures=api_config.max_failed_keys)
     # The OpenAPI document is served by the router (behind the API keys when there are some).
     app = fastapi.FastAPI(title="stepstudio", docs_url=None, redoc_url=None, openapi_url=None)
-    app.include_router(build_router(engine, api_config, attempts))
+    # Finished /v1/videos jobs are saved like the page's results.
+    app.include_router(build_router(engine, api_config, attempts, outputs=output_store(engine, config)))
     demo = build_demo(engine, config)
     app.state.demo = demo
     app.state.engine = engine

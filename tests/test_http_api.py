@@ -29,10 +29,11 @@ from tests.engine_helpers import StepGate
 
 # ---------------------------------------------------------------------- helpers (also used by test_metrics)
 @contextlib.contextmanager
-def serving(engine: Engine, config: HttpApiConfig | None = None):
-    """Serve the API of `engine` on 127.0.0.1 (a free port) from a thread; yields the base URL."""
+def serving(engine: Engine, config: HttpApiConfig | None = None, **router_options):
+    """Serve the API of `engine` on 127.0.0.1 (a free port) from a thread; yields the base URL.
+    `router_options` go to build_router (e.g. outputs=)."""
     app = fastapi.FastAPI()
-    app.include_router(build_router(engine, config))
+    app.include_router(build_router(engine, config, **router_options))
     # Bound before the server starts: no race for the port. An explicit IPPROTO_TCP makes
     # asyncio set TCP_NODELAY on accepted connections (proto 0 costs ~40 ms per response).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)

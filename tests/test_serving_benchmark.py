@@ -3,8 +3,8 @@ there, and the ratios come from the measured records (the full run stays out of 
 
 import pytest
 
-from benchmarks import serving
-from tests.tiny_checkpoints import build_tiny_flux
+from benchmarks import serving, systems
+from tests.tiny_checkpoints import build_tiny_flux, build_tiny_wan
 
 STUDIO = {"height": 32, "width": 32, "max_sequence_length": 16, "num_inference_steps": 4,
           "guidance_scale": 2.0, "negative_prompt": ""}
@@ -59,3 +59,36 @@ def test_serving_benchmark_smoke(tiny_flux, tmp_path, capsys):
     assert ceiling["per_image_step_s"][8] == pytest.approx((before["per_image_step_s"]["8"] + after["per_image_step_s"]["8"]) / 2)
     assert "The mean of two timings, before and after the systems" in printed
     assert "req   0" in printed and out.exists()
+
+
+WAN_STUDIO = {"height": 32, "width": 32, "num_frames": 9, "fps": 8, "max_sequence_length": 16,
+              "num_inference_steps": 4, "guidance_scale": 2.0, "negative_prompt": ""}
+
+
+def test_serving_benchmark_video_smoke(tmp_path, capsys):
+    """--kind video on a tiny Wan checkpoint: the stock WanPipeline.__call__ against step mode,
+    every request with its frame count (two counts: two batch keys that take turns)."""
+    tiny_wan = build_tiny_wan(tmp_path / "wan", studio_config=WAN_STUDIO)
+    result = serving.main([
+        "--kind", "video", "--model", str(tiny_wan), "--systems", "diffusers", "step4", "--requests", "6",
+        "--users", "3", "--steps-mix", "3", "5", "--frames-mix", "5", "9", "--sizes", "32", "--cancel-fraction", "0.3",
+        "--seed", "3", "--no-ceiling", "--out", str(tmp_path / "serving.json"),
+    ])
+    printed = capsys.readouterr().out
+    assert "frames [5, 9]" in printed
+    summaries = {s["system"]: s for s in result["summaries"]}
+    for name, s in summaries.items():
+        assert s["completed"] + s["aborted"] == 6 and s["failed"] == 0, name
+        assert s["throughput_rpm"] == pytest.approx(60 * s["completed"] / s["wall_s"])
+    # The same seeded workload (seed 3 cancels two of the six) went to both systems.
+    assert summaries["diffusers"]["aborted"] == summaries["step4"]["aborted"] == 2
+    step4 = summaries["step4"]
+    assert step4["peak_batch"] >= 2 and summaries["diffusers"]["peak_batch"] == 1
+    assert step4["first_preview_p50_s"] > 0 and step4["cancel_latency_mean_s"] > 0
+    assert step4["serving_step_s"] > 0 and step4["engine_cancel_s"] > 0
+    assert "admission p50" in printed and "step-times" in printed
+    # The ceiling's bare forward, here in-process (a child process each costs this machine ~15 s).
+    ceiling = systems.measure_denoiser(str(tiny_wan), size=32, batch_sizes=(1, 2), repeats=1, frames=5)
+    assert set(ceiling["per_image_step_s"]) == {1, 2} and ceiling["decode_s"] > 0
+    with pytest.raises(SystemExit):  # the images route can't serve a video model
+        serving.main(["--kind", "video", "--model", str(tiny_wan), "--systems", "http8"])

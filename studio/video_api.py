@@ -1,0 +1,407 @@
+"""OpenAI's Videos API on the studio's engine: asynchronous video jobs the official `openai`
+client drives unmodified (`client.videos.create / retrieve / list / download_content / delete /
+create_and_poll`).
+
+    POST   /v1/videos                          create a job (multipart/form-data, as the openai
+                                               client sends it, or JSON) -> the video object
+    GET    /v1/videos                          the caller's jobs (after, limit, order)
+    GET    /v1/videos/{id}                     status (queued, in_progress, completed, failed) and
+                                               progress 0-100 from the engine's denoise steps
+    GET    /v1/videos/{id}/content?variant=    the MP4 (video), the poster frame (thumbnail, WEBP)
+                                               or every frame in a grid (spritesheet, JPEG)
+    DELETE /v1/videos/{id}                     drop the job; a running one is cancelled at the
+                                               engine's next step boundary (nothing is decoded)
+
+Duration: `num_frames` (an extension, send it with `extra_body=`) wins; else `seconds` becomes
+seconds x the model's fps frames, rounded to the nearest frame count the model takes (Wan:
+4k+1; a tie goes to the longer clip); else the model's default. The video object states what
+was made: `seconds` is frames / fps, plus `num_frames` and `fps`.
+
+A job is one engine request of the caller's session (the images route's identity), so it
+shares forwards with everyone else's requests and counts against the caller's limits. Jobs and
+their files live in memory (studio.video_jobs); finished videos are also saved by the studio's
+output store when it has one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Literal
+
+import fastapi
+import pydantic
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import Headers, UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+
+import engine
+from pipelines.params import MAX_PROMPT_CHARS, MAX_SEED
+from studio import http_errors
+from studio.http_api import (
+    HttpApiConfig,
+    _final_event,
+    _parse_size,
+    _read_body_in_time,
+    resolve_model,
+)
+from studio.http_errors import ApiError
+from studio.media import model_fps
+from studio.outputs import OutputStore, owner_key, save_quietly
+from studio.video_files import MEDIA_TYPES, SUFFIXES, VARIANTS, encode_video_files
+from studio.video_jobs import VideoError, VideoJob, VideoJobStore, VideoStoreFull
+
+log = logging.getLogger(__name__)
+
+_FRAMES_RULE = re.compile(r"^(\d+)k\+1$")  # how video families state their frame counts ("4k+1")
+_MAX_SECONDS = 3600.0
+_LIST_LIMIT = 100
+
+
+class VideoCreateRequest(pydantic.BaseModel):
+    """OpenAI's `videos.create` body plus the diffusion controls it lacks. Multipart fields
+    arrive as text and are converted (lax); a JSON body is typed strictly, as the images route's."""
+
+    model_config = pydantic.ConfigDict(strict=True, extra="forbid")
+
+    prompt: str = pydantic.Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    model: str | None = pydantic.Field(default=None, max_length=256)
+    seconds: str | float | None = None  # OpenAI sends text ("4"); a number is taken too
+    size: str | None = pydantic.Field(default=None, max_length=32)  # "WIDTHxHEIGHT" or "auto"
+    input_reference: str | None = None  # refused below with a clear message
+    # Extensions (the openai client's `extra_body=`).
+    negative_prompt: str | None = pydantic.Field(default=None, max_length=MAX_PROMPT_CHARS)
+    num_inference_steps: int | None = None  # checked against the server's range, which it names
+    guidance_scale: float | None = pydantic.Field(default=None, ge=0.0, le=100.0, allow_inf_nan=False)
+    seed: int | None = pydantic.Field(default=None, ge=0, le=MAX_SEED)
+    num_frames: int | None = pydantic.Field(default=None, ge=1)  # the upper bound is the server's
+
+
+Caller = Callable[[Request], Awaitable[str]]
+
+
+def add_video_routes(
+    router: fastapi.APIRouter, engine_: engine.Engine, config: HttpApiConfig, caller: Caller,
+    outputs: OutputStore | None = None,
+) -> None:
+    """Add the /v1/videos routes to the HTTP API's router. `caller` names the engine session of a
+    request (checking its key); `outputs` saves finished videos (None: not saved)."""
+    store = VideoJobStore(
+        max_jobs=config.video_store_max_jobs, max_bytes=config.video_store_max_bytes, ttl_s=config.video_ttl_s,
+        max_jobs_per_owner=config.video_jobs_per_caller,
+    )
+    followers: set[asyncio.Task] = set()  # strong references: a task nobody holds may be collected
+    poll_after = {"openai-poll-after-ms": str(config.video_poll_after_ms)}
+    body_schema = {"content": {"multipart/form-data": {"schema": VideoCreateRequest.model_json_schema()},
+                               "application/json": {"schema": VideoCreateRequest.model_json_schema()}}}
+
+    @router.post("/v1/videos", name="stepstudio_videos_create",
+                 openapi_extra={"requestBody": {**body_schema, "required": True}})
+    async def create(request: Request) -> Response:
+        try:
+            kind = _body_kind(request)
+            session = await caller(request)
+            job = await _create_job(engine_, config, store, request, kind, session)
+        except ApiError as error:
+            return error.to_response()
+        task = asyncio.get_running_loop().create_task(_follow(store, job, outputs))
+        followers.add(task)
+        task.add_done_callback(followers.discard)
+        return JSONResponse(_video_json(job, store), headers=poll_after)
+
+    @router.get("/v1/videos", name="stepstudio_videos_list")
+    async def list_videos(request: Request, after: str | None = None, limit: str | None = None,
+                          order: str | None = None) -> Response:
+        try:
+            session = await caller(request)
+            page = _page(store.jobs_of(session), after, limit, order)
+        except ApiError as error:
+            return error.to_response()
+        data = [_video_json(job, store) for job in page.jobs]
+        return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                             "last_id": data[-1]["id"] if data else None, "has_more": page.has_more})
+
+    @router.get("/v1/videos/{video_id}", name="stepstudio_videos_retrieve")
+    async def retrieve(video_id: str, request: Request) -> Response:
+        try:
+            job = _own_job(store, video_id, await caller(request))
+        except ApiError as error:
+            return error.to_response()
+        return JSONResponse(_video_json(job, store), headers=poll_after)
+
+    @router.get("/v1/videos/{video_id}/content", name="stepstudio_videos_content")
+    async def content(video_id: str, request: Request, variant: str = "video") -> Response:
+        try:
+            job = _own_job(store, video_id, await caller(request))
+            if variant not in VARIANTS:
+                raise http_errors.invalid_value(
+                    f"variant={variant[:40]!r} is not offered: allowed are {', '.join(VARIANTS)}.", "variant")
+            if job.files is None:
+                raise _not_ready(job)
+        except ApiError as error:
+            return error.to_response()
+        return Response(job.files.variant(variant), media_type=MEDIA_TYPES[variant], headers={
+            "Content-Disposition": f'attachment; filename="{job.id}.{SUFFIXES[variant]}"'})
+
+    @router.delete("/v1/videos/{video_id}", name="stepstudio_videos_delete")
+    async def delete(video_id: str, request: Request) -> Response:
+        try:
+            session = await caller(request)
+            job = store.remove(video_id, session)
+            if job is None:
+                raise _unknown_video(video_id, store)
+        except ApiError as error:
+            return error.to_response()
+        job.handle.cancel()  # at the next step boundary; a no-op once the request ended
+        return JSONResponse({"id": job.id, "object": "video.deleted", "deleted": True})
+
+
+# ---------------------------------------------------------------------- create
+async def _create_job(
+    engine_: engine.Engine, config: HttpApiConfig, store: VideoJobStore, request: Request,
+    kind: Literal["form", "json"], session: str,
+) -> VideoJob:
+    body = await _read_body_in_time(request, config)
+    try:
+        if kind == "json":
+            ask = VideoCreateRequest.model_validate_json(body)
+        else:
+            ask = VideoCreateRequest.model_validate(await _form_fields(body, request.headers), strict=False)
+    except pydantic.ValidationError as error:
+        raise http_errors.from_validation_error(error) from None
+    if ask.input_reference is not None:
+        raise http_errors.invalid_value(
+            "input_reference is not supported: these models make videos from text only.", "input_reference",
+            code="unsupported_parameter")
+    model = resolve_model(engine_, ask.model, "video", "/v1/videos")
+    info = engine_.infos[model]
+    fps = model_fps(info)
+    width, height = _parse_size(ask.size)
+    frames = _frames(ask, model, frame_step(info), fps, engine_.limits_for(model).max_frames)
+    try:
+        engine_.limits_for(model).check_values(ask.num_inference_steps, width, height)  # this server's ranges first
+        params = engine.GenerationParams(
+            prompt=ask.prompt, negative_prompt=ask.negative_prompt, width=width, height=height, num_frames=frames,
+            num_inference_steps=ask.num_inference_steps, guidance_scale=ask.guidance_scale, seed=ask.seed,
+            model=model,
+        )
+    except ValueError as error:
+        raise http_errors.from_engine_value_error(error) from None
+    try:
+        store.make_room(session)
+    except VideoStoreFull as full:
+        raise ApiError(429, str(full), type="rate_limit_error", code="video_limit", retry_after_s=1) from None
+    try:
+        handle = engine_.submit(params, session_id=session)
+    except ValueError as error:
+        raise http_errors.from_engine_value_error(error) from None
+    except engine.AdmissionError as error:
+        raise http_errors.from_admission_error(error) from None
+    # No await since make_room: the room it made is still there.
+    job = VideoJob(id=f"video_{handle.request_id}", owner=session, handle=handle, fps=fps, created_at=time.time())
+    store.add(job)
+    return job
+
+
+def _body_kind(request: Request) -> Literal["form", "json"]:
+    """multipart/form-data (the openai client) or JSON. A browser page on another site can post a
+    multipart form here without asking (no CORS preflight); browsers say so, and it is refused."""
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media == "multipart/form-data":
+        origin = request.headers.get("origin")
+        own = f"{request.url.scheme}://{request.headers.get('host', '')}"
+        if request.headers.get("sec-fetch-site") in ("cross-site", "same-site") or origin not in (None, own):
+            raise ApiError(403, "a form posted from another web site is refused: send the request from a program "
+                                "(e.g. the openai client) or as JSON.", code="cross_site_request")
+        return "form"
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return "json"
+    shown = repr(media[:100]) if media else "none"
+    raise ApiError(415, f"Content-Type {shown} is not accepted: send multipart/form-data (as the openai client "
+                        "does) or application/json.", code="unsupported_media_type")
+
+
+async def _form_fields(body: bytes, headers: Headers) -> dict[str, str]:
+    async def stream():
+        yield body
+
+    try:
+        form = await MultiPartParser(headers, stream(), max_files=4, max_fields=64).parse()
+    except MultiPartException as error:
+        raise http_errors.invalid_value(f"the multipart body could not be read: {error}.", None,
+                                        code="invalid_body") from None
+    fields: dict[str, str] = {}
+    for name, value in form.multi_items():
+        if isinstance(value, UploadFile):
+            await value.close()
+            raise http_errors.invalid_value(
+                f"{name[:40]} is a file upload; this server makes videos from text only and takes no files.",
+                name[:40], code="unsupported_parameter")
+        if name in fields:
+            raise http_errors.invalid_value(f"{name[:40]} is given twice.", name[:40])
+        fields[name] = value
+    return fields
+
+
+# ---------------------------------------------------------------------- frames and seconds
+def frame_step(info) -> int:
+    """k in the model's frame rule "k x step + 1" (Wan: 4), from the `frames` the family states in
+    its info (the only form the info carries it in, also over replicas); 1 when none is stated."""
+    match = _FRAMES_RULE.match(info.extras.get("frames", ""))
+    return int(match.group(1)) if match else 1
+
+
+def _frames(ask: VideoCreateRequest, model: str, step: int, fps: int, max_frames: int) -> int | None:
+    """The frame count asked for, checked against the model's rule and the server's limit
+    (with the allowed values in the message); None: the model's default."""
+    largest = (max_frames - 1) // step * step + 1
+    allowed = _allowed_frames(step, largest)
+    if ask.num_frames is not None:
+        frames = ask.num_frames
+        if frames > largest:
+            raise http_errors.invalid_value(
+                f"num_frames={frames} is above this server's limit for {model}: allowed are {allowed}.", "num_frames")
+        if (frames - 1) % step:
+            lower = frames - (frames - 1) % step
+            raise http_errors.invalid_value(
+                f"num_frames={frames} is not a frame count {model} takes (e.g. {lower} or {lower + step}): "
+                f"allowed are {allowed}.", "num_frames")
+        return frames
+    if ask.seconds is None:
+        return None
+    seconds = _seconds_value(ask.seconds)
+    target = seconds * fps
+    # The nearest allowed count; a tie (exactly between two) goes to the longer clip.
+    frames = max(0, math.floor((target - 1) / step + 0.5)) * step + 1
+    if frames > largest:
+        raise http_errors.invalid_value(
+            f"seconds={ask.seconds!s:.20} is {target:g} frames at {model}'s {fps} fps; this server makes at most "
+            f"{largest} frames ({_seconds_text(largest, fps)} s) with it: allowed are seconds up to "
+            f"{_seconds_text(largest, fps)} (or num_frames {allowed}).", "seconds")
+    return frames
+
+
+def _seconds_value(seconds: str | float) -> float:
+    try:
+        value = float(seconds)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= _MAX_SECONDS):
+        raise http_errors.invalid_value(
+            f"seconds={seconds!s:.20} is not a duration: give a number of seconds above 0, e.g. '4'.", "seconds")
+    return value
+
+
+def _allowed_frames(step: int, largest: int) -> str:
+    counts = list(range(1, largest + 1, step))
+    shown = ", ".join(map(str, counts)) if len(counts) <= 6 else (
+        f"{counts[0]}, {counts[1]}, {counts[2]}, ..., {counts[-2]}, {counts[-1]}")
+    rule = f"{step}k+1" if step > 1 else "any count"
+    return f"{rule} up to {largest}: {shown}"
+
+
+def _seconds_text(frames: int, fps: int) -> str:
+    return f"{frames / fps:.3f}".rstrip("0").rstrip(".")
+
+
+# ---------------------------------------------------------------------- following a job
+async def _follow(store: VideoJobStore, job: VideoJob, outputs: OutputStore | None) -> None:
+    """Wait for the job's request to end; make its files (or note why it failed) and save it."""
+    try:
+        final = await _final_event(job.handle)
+        if isinstance(final, engine.Completed):
+            files = await asyncio.to_thread(encode_video_files, final.images, job.fps)
+            if store.get(job.id, job.owner) is job:  # not deleted meanwhile
+                # Saved before it shows as completed; filed under the caller's session, as the
+                # gradio endpoints file API callers' results.
+                await save_quietly(outputs, final, owner_key("session\0" + job.owner))
+            store.finish(job, files=files)
+        elif isinstance(final, engine.Aborted) and final.cause == "cancelled":
+            pass  # deleted by its caller: the job is gone already
+        else:
+            store.finish(job, error=job.failure)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - an encoding failure ends this job, never the server
+        log.exception("video job %s could not be finished", job.id)
+        store.finish(job, error=VideoError("encoding_failed", f"the video could not be encoded: {exc}"))
+
+
+# ---------------------------------------------------------------------- reading jobs
+def _video_json(job: VideoJob, store: VideoJobStore) -> dict:
+    params = job.params
+    failure = job.failure
+    expires = store.expires_at(job)
+    return {
+        "id": job.id,
+        "object": "video",
+        "model": params.model,
+        "status": job.status,
+        "progress": job.progress,
+        "created_at": int(job.created_at),
+        "completed_at": int(job.finished_at) if job.finished_at is not None else None,
+        "expires_at": int(expires) if expires is not None else None,
+        "error": {"code": failure.code, "message": failure.message} if failure is not None else None,
+        "prompt": params.prompt,
+        "remixed_from_video_id": None,
+        "seconds": _seconds_text(params.num_frames, job.fps),
+        "size": f"{params.width}x{params.height}",
+        # Extensions: what exactly was made.
+        "num_frames": params.num_frames,
+        "fps": job.fps,
+        "seed": params.seed,
+        "num_inference_steps": params.num_inference_steps,
+        "guidance_scale": params.guidance_scale,
+        "negative_prompt": params.negative_prompt,
+    }
+
+
+def _own_job(store: VideoJobStore, video_id: str, session: str) -> VideoJob:
+    job = store.get(video_id, session)
+    if job is None:
+        raise _unknown_video(video_id, store)
+    return job
+
+
+def _unknown_video(video_id: str, store: VideoJobStore) -> ApiError:
+    # Another caller's video is answered like a missing one: ids reveal nothing.
+    return ApiError(404, f"video {video_id[:80]!r} does not exist, was deleted or has expired (finished videos are "
+                         f"kept {store.ttl_s:g} s).", param="video_id", code="video_not_found")
+
+
+def _not_ready(job: VideoJob) -> ApiError:
+    failure = job.failure
+    if failure is not None:
+        return ApiError(409, f"video {job.id!r} failed ({failure.code}): {failure.message}; it has no content.",
+                        param="video_id", code="video_failed")
+    return ApiError(409, f"video {job.id!r} is {job.status} ({job.progress}%); its content can be downloaded once "
+                         "its status is 'completed'.", param="video_id", code="video_not_ready")
+
+
+@dataclass(frozen=True)
+class _Page:
+    jobs: list[VideoJob]
+    has_more: bool
+
+
+def _page(jobs: list[VideoJob], after: str | None, limit: str | None, order: str | None) -> _Page:
+    """OpenAI's cursor pagination over the caller's jobs (newest first by default)."""
+    if order not in (None, "asc", "desc"):
+        raise http_errors.invalid_value(f"order={order[:20]!r} is not allowed: use 'asc' or 'desc'.", "order")
+    count = 20
+    if limit is not None:
+        count = int(limit) if limit.isdigit() else 0
+        if not 1 <= count <= _LIST_LIMIT:
+            raise http_errors.invalid_value(f"limit={limit[:20]!r} is not allowed: use 1..{_LIST_LIMIT}.", "limit")
+    ordered = jobs if order == "asc" else jobs[::-1]
+    if after is not None:
+        ids = [job.id for job in ordered]
+        if after not in ids:
+            raise http_errors.invalid_value(f"after={after[:80]!r} is not one of your videos.", "after")
+        ordered = ordered[ids.index(after) + 1:]
+    return _Page(ordered[:count], len(ordered) > count)

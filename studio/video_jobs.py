@@ -1,0 +1,228 @@
+"""Video jobs of the HTTP API (`/v1/videos`): in memory, per caller, bounded, expiring.
+
+A job is one engine request plus what its caller may download once it finished. Its status
+and progress are read from the request's own events (`RequestHandle.history`, written by the
+engine thread as each step ends), so `retrieve` always tells the step the engine is at; the
+job's files and its end time are written once, when it finishes.
+
+The store is bounded three ways, so no caller can crowd the others out:
+- per caller: at most `max_jobs_per_owner` jobs; a new one pushes out that caller's oldest
+  finished job, and is refused while all of them are still running;
+- in all: at most `max_jobs` jobs and `max_bytes` of files; when full, the caller holding the
+  most finished jobs gives up its oldest one (running jobs are never pushed out: the engine's
+  per-session limits bound those);
+- in time: a finished job (completed or failed) is dropped `ttl_s` after it finished.
+Jobs are looked up by id AND owner: another caller's job is as unknown as a missing one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+from engine import Aborted, Completed, Failed, Progress, RequestHandle, Started
+from studio.video_files import VideoFiles
+
+JobStatus = Literal["queued", "in_progress", "completed", "failed"]
+
+
+class VideoStoreFull(Exception):
+    """No room for another job of this caller now (HTTP 429)."""
+
+
+@dataclass(frozen=True)
+class VideoError:
+    code: str
+    message: str
+
+
+@dataclass
+class VideoJob:
+    # --- fixed at creation ---
+    id: str
+    owner: str  # the engine session of the caller
+    handle: RequestHandle
+    fps: int
+    created_at: float  # unix seconds
+    # --- written once, by the store's finish(), when the job ends ---
+    files: VideoFiles | None = None
+    error: VideoError | None = None
+    finished_at: float | None = None
+
+    @property
+    def params(self):
+        return self.handle.params
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finished_at is not None
+
+    @property
+    def status(self) -> JobStatus:
+        if self.files is not None:
+            return "completed"
+        if self.failure is not None:
+            return "failed"
+        # Completed but not encoded yet is still in progress: nothing can be downloaded before.
+        if isinstance(self.handle.last_event, (Started, Progress, Completed)):
+            return "in_progress"
+        return "queued"
+
+    @property
+    def failure(self) -> VideoError | None:
+        """Why the job failed: its own error, or the engine's final word (before the job's
+        follower has written it down)."""
+        if self.error is not None:
+            return self.error
+        event = self.handle.last_event
+        if isinstance(event, Failed):
+            return VideoError("engine_failed" if event.stage == "engine" else "generation_failed", event.message)
+        if isinstance(event, Aborted):
+            return VideoError("shutting_down" if event.cause == "shutdown" else "cancelled", event.reason)
+        return None
+
+    @property
+    def progress(self) -> int:
+        """0-100 from the engine's denoise steps; 100 only once the video can be downloaded."""
+        if self.files is not None:
+            return 100
+        step, total = 0, 0
+        for event in reversed(self.handle.history):
+            if isinstance(event, Progress):
+                step, total = event.step, event.total
+                break
+        return min(99, 100 * step // total) if total else 0
+
+
+class VideoJobStore:
+    def __init__(
+        self,
+        max_jobs: int = 128,
+        max_bytes: int = 256 * 2**20,
+        ttl_s: float = 3600.0,
+        max_jobs_per_owner: int = 16,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        for name, value in (("max_jobs", max_jobs), ("max_bytes", max_bytes), ("max_jobs_per_owner", max_jobs_per_owner)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be positive, got {ttl_s!r}.")
+        self.max_jobs = max_jobs
+        self.max_bytes = max_bytes
+        self.ttl_s = ttl_s
+        self.max_jobs_per_owner = max_jobs_per_owner
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._jobs: OrderedDict[str, VideoJob] = OrderedDict()  # oldest first
+        self._bytes = 0
+
+    # ------------------------------------------------------------------ adding
+    def make_room(self, owner: str) -> None:
+        """Push out finished jobs until `owner` may add one; VideoStoreFull when it can't.
+        Call it before submitting to the engine, then `add` with no await in between."""
+        with self._lock:
+            self._make_room(owner)
+
+    def add(self, job: VideoJob) -> None:
+        with self._lock:
+            self._make_room(job.owner)
+            self._jobs[job.id] = job
+
+    def _make_room(self, owner: str) -> None:
+        self._drop_expired()
+        own = [job for job in self._jobs.values() if job.owner == owner]
+        if len(own) >= self.max_jobs_per_owner:
+            finished = [job for job in own if job.is_finished]
+            if not finished:
+                raise VideoStoreFull(
+                    f"this caller already has {len(own)} videos in progress (limit {self.max_jobs_per_owner}); "
+                    "wait for one to finish or delete one."
+                )
+            self._drop(finished[0])
+        while len(self._jobs) >= self.max_jobs:
+            if not self._drop_oldest_finished_of_largest_owner(keep=None):
+                raise VideoStoreFull(
+                    f"the server holds {len(self._jobs)} videos in progress, its limit; try again shortly."
+                )
+
+    # ------------------------------------------------------------------ reading and deleting
+    def get(self, job_id: str, owner: str) -> VideoJob | None:
+        with self._lock:
+            self._drop_expired()
+            job = self._jobs.get(job_id)
+            return job if job is not None and job.owner == owner else None
+
+    def jobs_of(self, owner: str) -> list[VideoJob]:
+        """The caller's jobs, oldest first."""
+        with self._lock:
+            self._drop_expired()
+            return [job for job in self._jobs.values() if job.owner == owner]
+
+    def remove(self, job_id: str, owner: str) -> VideoJob | None:
+        with self._lock:
+            self._drop_expired()
+            job = self._jobs.get(job_id)
+            if job is None or job.owner != owner:
+                return None
+            self._drop(job)
+            return job
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._drop_expired()
+            return len(self._jobs)
+
+    @property
+    def total_bytes(self) -> int:
+        with self._lock:
+            self._drop_expired()
+            return self._bytes
+
+    # ------------------------------------------------------------------ finishing
+    def finish(self, job: VideoJob, files: VideoFiles | None = None, error: VideoError | None = None) -> bool:
+        """Record how a job ended (its files, or why it failed); False when it is no longer
+        stored (deleted meanwhile). Files that alone pass the byte limit fail the job instead."""
+        with self._lock:
+            if self._jobs.get(job.id) is not job:
+                return False
+            if files is not None and files.size_bytes > self.max_bytes:
+                files, error = None, VideoError(
+                    "video_too_large",
+                    f"the finished video takes {files.size_bytes} bytes, above this server's store of "
+                    f"{self.max_bytes} bytes: ask for fewer frames or a smaller size.",
+                )
+            job.files, job.error, job.finished_at = files, error, self._clock()
+            if files is not None:
+                self._bytes += files.size_bytes
+                while self._bytes > self.max_bytes and self._drop_oldest_finished_of_largest_owner(keep=job):
+                    pass
+            return True
+
+    def expires_at(self, job: VideoJob) -> float | None:
+        return None if job.finished_at is None else job.finished_at + self.ttl_s
+
+    # ------------------------------------------------------------------ internals (under the lock)
+    def _drop_oldest_finished_of_largest_owner(self, keep: VideoJob | None) -> bool:
+        finished: dict[str, list[VideoJob]] = {}
+        for job in self._jobs.values():
+            if job.is_finished and job is not keep:
+                finished.setdefault(job.owner, []).append(job)
+        if not finished:
+            return False
+        largest = max(finished, key=lambda owner: len(finished[owner]))
+        self._drop(finished[largest][0])
+        return True
+
+    def _drop_expired(self) -> None:
+        now = self._clock()
+        for job in [job for job in self._jobs.values() if job.is_finished and job.finished_at + self.ttl_s <= now]:
+            self._drop(job)
+
+    def _drop(self, job: VideoJob) -> None:
+        del self._jobs[job.id]
+        if job.files is not None:
+            self._bytes -= job.files.size_bytes

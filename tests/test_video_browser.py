@@ -1,0 +1,59 @@
+"""The Simple tab makes a video in a real headless Chromium: the video model picked in the model
+dropdown, Generate, and the result's `<video>` element plays.
+
+Needs Debian's `chromium` and the `playwright` package (never `playwright install`).
+The screenshot lands in test-artifacts/ for a human to look at.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.loader import load_pipeline
+from tests.browser_helpers import BROWSER_MARKS, browser, shot, sync_api  # noqa: F401 (browser: a fixture)
+from tests.studio_helpers import live_studio
+from tests.test_http_videos import FLUX_CONFIG, WAN_CONFIG
+from tests.tiny_checkpoints import build_tiny_flux, build_tiny_wan
+
+pytestmark = BROWSER_MARKS
+
+
+@pytest.fixture(scope="module")
+def studio(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("models")
+    wan = load_pipeline(str(build_tiny_wan(folder / "wan", {**WAN_CONFIG, "num_inference_steps": 8})))
+    flux = load_pipeline(str(build_tiny_flux(folder / "flux", FLUX_CONFIG)))
+    with live_studio({"flux": flux, "wan": wan}, preview_every=2) as (server, engine):
+        yield server, engine
+
+
+def test_the_simple_tab_makes_a_video_that_plays(studio, browser):
+    server, engine = studio
+    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    try:
+        page = context.new_page()
+        page.goto(server.url)
+        page.get_by_role("tab", name="Simple").click()  # the Workflow tab is the default
+        page.wait_for_selector("#ss-generate")
+        page.click("#ss-model input")
+        page.get_by_role("option", name="wan", exact=True).click()
+        page.wait_for_selector("#ss-frames", state="visible")  # the form reshaped for the video model
+        page.fill("#ss-prompt textarea", "a red circle moving left")
+        page.click("#ss-generate")
+        page.wait_for_selector("#ss-result-video video[src]", timeout=30000)
+        playing = page.evaluate("""async () => {
+            const video = document.querySelector('#ss-result-video video');
+            video.muted = true;
+            if (video.readyState < 1) await new Promise(r => video.addEventListener('loadedmetadata', r, {once: true}));
+            await video.play();
+            if (video.readyState < 2) await new Promise(r => video.addEventListener('loadeddata', r, {once: true}));
+            return {duration: video.duration, readyState: video.readyState, width: video.videoWidth,
+                    height: video.videoHeight, paused: video.paused, error: video.error && video.error.code};
+        }""")
+        shot(page, "browser-video-plays")
+        assert playing["error"] is None, playing
+        assert playing["duration"] > 0 and playing["readyState"] >= 2, playing
+        assert (playing["width"], playing["height"]) == (32, 32), playing
+        assert engine.snapshot().stats.finished == {"completed": 1}
+    finally:
+        context.close()
