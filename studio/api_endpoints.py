@@ -17,6 +17,7 @@ import gradio as gr
 
 from engine import Completed, Engine, Failed, Progress
 from studio.bridge import (
+    user_error,
     RANDOM_SEED,
     remove_files_older_than,
     FormValues,
@@ -89,7 +90,7 @@ def _wire_generate(engine: Engine, config: StudioOptions, store: OutputStore, ex
                     await save_quietly(store, event, owner_for(None, session))
                 yield outputs
                 if isinstance(event, Failed):
-                    raise gr.Error(event.message, title="Generation failed")
+                    raise user_error(event.message, "Generation failed")
 
     generate.__doc__ = (
         f"Generate one {kind}{' (frames: num_frames, 4k+1 for most video models)' if kind == 'video' else ''}: "

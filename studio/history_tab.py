@@ -18,6 +18,7 @@ import gradio as gr
 from PIL import Image
 
 from engine import Engine
+from studio.bridge import user_error
 from studio.outputs import OutputStore, SavedOutput, owner_key, parse_infotext, png_texts
 from studio.simple_tab import SimpleForm
 
@@ -41,6 +42,7 @@ def settings_update(settings: dict, engine: Engine) -> list:
         model,
         settings.get("prompt", ""),
         settings.get("negative_prompt", defaults.negative_prompt or ""),
+        f"{settings.get('width', defaults.width)}x{settings.get('height', defaults.height)}",
         settings.get("width", defaults.width),
         settings.get("height", defaults.height),
         settings.get("num_inference_steps", defaults.num_inference_steps),
@@ -111,18 +113,18 @@ def wire_history_tab(engine: Engine, store: OutputStore, tab: HistoryTab, browse
             return {tab.selected: None, tab.details: ""}
         texts = png_texts(Path(path))
         if "parameters" not in texts:
-            raise gr.Error("This PNG carries no settings (no 'parameters' text).", title="No settings found")
+            raise user_error("This PNG carries no settings (no 'parameters' text).", "No settings found")
         return {tab.selected: {"settings": parse_infotext(texts["parameters"]), "workflow": texts.get("workflow")},
                 tab.details: texts["parameters"], tab.open_workflow: gr.update(visible="workflow" in texts)}
 
     def use(selected: dict | None) -> list:
         if not selected:
-            raise gr.Error("Select a result (or open a PNG) first.", title="Nothing selected")
+            raise user_error("Select a result (or open a PNG) first.", "Nothing selected")
         return settings_update(selected["settings"], engine) + [gr.Tabs(selected="simple")]
 
     def open_in_editor(selected: dict | None) -> list:
         if not selected or not selected.get("workflow"):
-            raise gr.Error("This result was not made from a workflow.", title="No workflow")
+            raise user_error("This result was not made from a workflow.", "No workflow")
         workflow = json.loads(selected["workflow"])
         return [gr.update(value=json.dumps(workflow)), gr.Tabs(selected="workflow")]
 

@@ -21,7 +21,7 @@ import gradio as gr
 
 from engine import Engine
 from pipelines.params import MIN_SIZE
-from studio.bridge import final_media, preview_image, session_id_of, settings_caption
+from studio.bridge import final_media, preview_image, session_id_of, settings_caption, user_error
 from studio.media import animated_gif, data_url, model_fps
 from studio.config import StudioOptions
 from studio.tab_queue import CANCEL_JS, TabResults, latest_preview, render_tab_queue
@@ -40,6 +40,7 @@ class SimpleForm:
     model: gr.Dropdown
     prompt: gr.Textbox
     negative_prompt: gr.Textbox
+    size: gr.Dropdown  # shown instead of width and height when the model's card names its sizes
     width: gr.Slider
     height: gr.Slider
     steps: gr.Slider
@@ -55,7 +56,7 @@ class SimpleForm:
 
     def settings_outputs(self) -> list:
         """The fields "use these settings again" fills in, in `settings_update`'s order."""
-        return [self.model, self.prompt, self.negative_prompt, self.width, self.height, self.steps,
+        return [self.model, self.prompt, self.negative_prompt, self.size, self.width, self.height, self.steps,
                 self.guidance_scale, self.scheduler, self.frames, self.random_seed, self.seed]
 
 
@@ -128,9 +129,9 @@ def seed_start(values: dict[str, Any]) -> object:
 class ModelForm:
     """How the form looks for one model: its sizes, steps, defaults and kind of result."""
 
-    width_range: tuple[int, int]
-    height_range: tuple[int, int]
+    size_range: tuple[int, int]  # the sliders' range (a multiple of size_step, within the server's limit)
     size_step: int
+    sizes: tuple[str, ...]  # "WxH": the only sizes the model's card allows (a dropdown then replaces the sliders)
     max_steps: int
     width: int
     height: int
@@ -142,6 +143,14 @@ class ModelForm:
     frames: int | None  # None for an image model
     makes_video: bool
 
+    @property
+    def default_size(self) -> str | None:
+        """The card's size closest to the model's default (its first, when none matches)."""
+        if not self.sizes:
+            return None
+        wanted = f"{self.width}x{self.height}"
+        return wanted if wanted in self.sizes else self.sizes[0]
+
     @classmethod
     def of(cls, engine: Engine, model: str | None) -> "ModelForm":
         info, limits = engine.infos[engine.models.resolve(model)], engine.limits_for(model)
@@ -149,23 +158,22 @@ class ModelForm:
         step = max(info.size_multiple, 1)
         size_min = max(MIN_SIZE, step)
         size_max = max(limits.max_size, size_min)
-        sizes = info.supported_sizes  # a card that names its sizes narrows the sliders to them
-        width_range = (min(w for w, _ in sizes), max(w for w, _ in sizes)) if sizes else (size_min, size_max)
-        height_range = (min(h for _, h in sizes), max(h for _, h in sizes)) if sizes else (size_min, size_max)
+        sizes = tuple(f"{w}x{h}" for w, h in info.supported_sizes)
         video = info.output_kind == "video"
-        return cls(width_range, height_range, step, limits.max_steps, min(defaults.width, width_range[1]),
-                   min(defaults.height, height_range[1]), min(defaults.num_inference_steps, limits.max_steps),
+        return cls((size_min, size_max), step, sizes, limits.max_steps, min(defaults.width, size_max),
+                   min(defaults.height, size_max), min(defaults.num_inference_steps, limits.max_steps),
                    defaults.guidance_scale, defaults.negative_prompt, info.uses_negative_prompt, tuple(info.schedulers),
                    defaults.num_frames if video else None, video)
 
     def updates(self) -> list:
-        """gr.update()s for (width, height, steps, guidance, negative prompt, scheduler, frames,
+        """gr.update()s for (size, width, height, steps, guidance, negative prompt, scheduler, frames,
         preview, animation, image, video) when this model is picked."""
         return [
-            gr.update(minimum=self.width_range[0], maximum=self.width_range[1], step=self.size_step, value=self.width,
-                      interactive=self.width_range[0] < self.width_range[1]),
-            gr.update(minimum=self.height_range[0], maximum=self.height_range[1], step=self.size_step,
-                      value=self.height, interactive=self.height_range[0] < self.height_range[1]),
+            gr.update(choices=list(self.sizes), value=self.default_size, visible=bool(self.sizes)),
+            gr.update(minimum=self.size_range[0], maximum=self.size_range[1], step=self.size_step, value=self.width,
+                      visible=not self.sizes),
+            gr.update(minimum=self.size_range[0], maximum=self.size_range[1], step=self.size_step, value=self.height,
+                      visible=not self.sizes),
             gr.update(maximum=self.max_steps, value=self.steps),
             gr.update(value=self.guidance),
             gr.update(visible=self.uses_negative_prompt, value=self.negative_prompt or ""),
@@ -181,7 +189,6 @@ class ModelForm:
 
 def build_simple_tab(engine: Engine, config: StudioOptions) -> tuple[SimpleForm, SimplePanel]:
     look = ModelForm.of(engine, None)
-    defaults = engine.info.defaults
     with gr.Row():
         with gr.Column(scale=2):
             names = engine.models.names
@@ -200,10 +207,12 @@ def build_simple_tab(engine: Engine, config: StudioOptions) -> tuple[SimpleForm,
                 gr.Examples(examples=examples, inputs=[prompt], label="Example prompts")
             with gr.Accordion("Settings", open=True):
                 with gr.Row():
-                    width = gr.Slider(*look.width_range, value=look.width, step=look.size_step, label="Width",
-                                      interactive=look.width_range[0] < look.width_range[1], elem_id="ss-width")
-                    height = gr.Slider(*look.height_range, value=look.height, step=look.size_step, label="Height",
-                                       interactive=look.height_range[0] < look.height_range[1], elem_id="ss-height")
+                    size = gr.Dropdown(list(look.sizes), value=look.default_size, label="Size (the model's card)",
+                                       visible=bool(look.sizes), elem_id="ss-size")
+                    width = gr.Slider(*look.size_range, value=look.width, step=look.size_step, label="Width",
+                                      visible=not look.sizes, elem_id="ss-width")
+                    height = gr.Slider(*look.size_range, value=look.height, step=look.size_step, label="Height",
+                                       visible=not look.sizes, elem_id="ss-height")
                 with gr.Row():
                     steps = gr.Slider(1, look.max_steps, value=look.steps, step=1, label="Steps", elem_id="ss-steps")
                     guidance = gr.Slider(0.0, 20.0, value=look.guidance, step=0.5, label="Guidance scale",
@@ -232,7 +241,7 @@ def build_simple_tab(engine: Engine, config: StudioOptions) -> tuple[SimpleForm,
             gallery = gr.Gallery(label="This tab's results (newest first)", columns=6, rows=1, height=190,
                                  object_fit="contain", format="png", preview=False, allow_preview=True,
                                  elem_id="ss-gallery")
-    form = SimpleForm(model, prompt, negative, width, height, steps, guidance, scheduler, frames, batch_count,
+    form = SimpleForm(model, prompt, negative, size, width, height, steps, guidance, scheduler, frames, batch_count,
                       random_seed, seed, unknown, generate, cancel)
     return form, SimplePanel(queue, preview, animation, image, video, gallery)
 
@@ -275,14 +284,16 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
     async def generate(values: dict, request: gr.Request):
         session = session_id_of(request)
         raw = {name: values[getattr(form, name)] for name in (
-            "model", "prompt", "negative_prompt", "width", "height", "steps", "guidance_scale", "scheduler", "frames",
-            "batch_count", "random_seed", "seed")}
+            "model", "prompt", "negative_prompt", "size", "width", "height", "steps", "guidance_scale", "scheduler",
+            "frames", "batch_count", "random_seed", "seed")}
         look = ModelForm.of(engine, raw["model"] or None)
         raw["frames"] = raw["frames"] if look.makes_video else None
+        if look.sizes and isinstance(raw["size"], str) and "x" in raw["size"]:  # the card's size, not the sliders
+            raw["width"], raw["height"] = raw["size"].split("x", 1)
         try:
             run, compiled = runner.start(form_workflow(raw, look.uses_negative_prompt, seed_start(raw)), session)
         except WorkflowError as exc:
-            raise gr.Error(form_problems(exc), title="Request not accepted") from exc
+            raise user_error(form_problems(exc), "Request not accepted") from None
         recorded: set[int] = set()
         first = True
         async for view in runner.follow(run, owner_for(values[browser_token], session)):
@@ -298,9 +309,10 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
             yield outputs
         failed = [b for b in view.branches if b.state == "failed"]
         if failed:
-            raise gr.Error(failed[0].message, title="Generation failed")
+            raise user_error(failed[0].message, "Generation failed")
 
-    inputs = {form.model, form.prompt, form.negative_prompt, form.width, form.height, form.steps, form.guidance_scale,
+    inputs = {form.model, form.prompt, form.negative_prompt, form.size, form.width, form.height, form.steps,
+              form.guidance_scale,
               form.scheduler, form.frames, form.batch_count, form.random_seed, form.seed, browser_token}
     media = [panel.preview, panel.animation, panel.image, panel.video]
     outputs = [panel.queue, *media, panel.gallery, form.seed, *live.components]
@@ -330,6 +342,6 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
         return ModelForm.of(engine, model or None).updates() + [unknown_words_text(engine, model, prompt)]
 
     form.model.change(pick_model, inputs=[form.model, form.prompt],
-                      outputs=[form.width, form.height, form.steps, form.guidance_scale, form.negative_prompt,
+                      outputs=[form.size, form.width, form.height, form.steps, form.guidance_scale, form.negative_prompt,
                                form.scheduler, form.frames, *media, form.unknown_words],
                       queue=False, api_name="ui_pick_model", api_visibility="private", show_progress="hidden")

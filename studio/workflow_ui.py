@@ -22,7 +22,7 @@ import gradio as gr
 from PIL import Image
 
 from engine import Engine
-from studio.bridge import final_media, preview_image, session_id_of
+from studio.bridge import final_media, preview_image, session_id_of, user_error
 from studio.config import StudioOptions
 from studio.workflow import Problem, WorkflowError, node_type_specs, parse_workflow
 from studio.workflow_compiler import CompiledWorkflow, ModelLimits, WorkflowLimits, compile_workflow
@@ -283,11 +283,11 @@ def cancel_from_page(registry: RunRegistry, event: gr.EventData, request: gr.Req
     data = event._data if isinstance(event._data, dict) else {}
     index = data.get("index", -1)
     if isinstance(index, bool) or not isinstance(index, int):
-        raise gr.Error(f"index must be a branch number, got {index!r:.20}.")
+        raise user_error(f"index must be a branch number, got {index!r:.20}.", "Bad request")
     try:
         registry.cancel(data.get("run_id"), session_id_of(request), branch=index)
     except PermissionError as exc:
-        raise gr.Error(str(exc), title="Not your run") from exc
+        raise user_error(str(exc), "Not your run") from None
 
 
 def wire_workflow_tab(runner: WorkflowRunner, tab: WorkflowTab, browser_token: gr.BrowserState, live) -> None:
@@ -299,7 +299,7 @@ def wire_workflow_tab(runner: WorkflowRunner, tab: WorkflowTab, browser_token: g
             started, compiled = runner.start(workflow, session)
         except WorkflowError as exc:
             yield {tab.editor: gr.update(run_state=invalid_state(exc))}
-            raise gr.Error(str(exc), title="Workflow not run") from exc
+            raise user_error(str(exc), "Workflow not run") from None
         finished_seen = -1
         async for view in runner.follow(started, owner_for(token, session), compiled.workflow.to_json()):
             outputs: dict = {tab.editor: gr.update(run_state=encoder.state(view, compiled)), **live.render(session)}
@@ -341,7 +341,7 @@ def wire_workflow_api(runner: WorkflowRunner) -> None:
         try:
             started, compiled = runner.start(workflow, session)
         except WorkflowError as exc:
-            raise gr.Error(str(exc), title="Workflow not run") from exc
+            raise user_error(str(exc), "Workflow not run") from None
         finished_seen = -1
         async for view in runner.follow(started, owner_for(None, session), compiled.workflow.to_json()):
             finished = sum(b.result is not None for b in view.branches)
@@ -361,11 +361,12 @@ def wire_workflow_api(runner: WorkflowRunner) -> None:
         """Cancel one of YOUR workflow runs by its run_id (from /run_workflow's status), or only
         its branch number `branch` (-1: the whole run). It stops at the next step boundary."""
         if isinstance(branch, bool) or not isinstance(branch, (int, float)) or branch != int(branch):
-            raise gr.Error(f"branch must be a whole number (-1 for the whole run), got {branch!r:.20}.")
+            raise user_error(f"branch must be a whole number (-1 for the whole run), got {branch!r:.20}.",
+                             "Bad request")
         try:
             return runner.registry.cancel(run_id, session_id_of(request), branch=int(branch))
         except PermissionError as exc:
-            raise gr.Error(str(exc), title="Not your run") from exc
+            raise user_error(str(exc), "Not your run") from None
 
     gr.api(cancel_workflow, api_name="cancel_workflow", queue=False)
 
