@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -191,6 +192,13 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
         return Conditioning(positive, uncond, float(params.guidance_scale))
 
     # ------------------------------------------------------------------ protocol
+    def forward_size(self, params: GenerationParams) -> tuple[int, int]:
+        """(rows, latent tokens per row) one request puts in a forward, for the engine's cost:
+        a CFG request brings its negative row; guidance-embedding models never do."""
+        multiple = max(1, self.info.size_multiple)
+        tokens = math.ceil(params.width / multiple) * math.ceil(params.height / multiple) * max(1, params.num_frames or 1)
+        return (2 if self._uses_cfg(params) else 1), tokens
+
     def validate(self, params: GenerationParams) -> None:
         check_image_params(params, self.label, self.info.size_multiple, self.schedulers)
 

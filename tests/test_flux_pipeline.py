@@ -330,3 +330,17 @@ def test_missing_component_is_a_clear_error(schnell, tmp_path):
     shutil.rmtree(broken / "vae")
     with pytest.raises(ValueError, match="could not load .*partial as a FLUX checkpoint"):
         load_pipeline(str(broken))
+
+
+def test_the_engine_counts_a_cfg_request_as_two_rows_and_a_guidance_embedding_one_as_one(tmp_path):
+    from pipelines.loader import load_pipeline
+    from tests.tiny_checkpoints import build_tiny_flux, build_tiny_flux_dev
+
+    schnell = load_pipeline(str(build_tiny_flux(tmp_path / "schnell")))
+    dev = load_pipeline(str(build_tiny_flux_dev(tmp_path / "dev")))
+    cfg = GenerationParams(prompt="a red circle", negative_prompt="", guidance_scale=3.0, width=32, height=32,
+                           num_inference_steps=4, num_frames=1, seed=0)
+    tokens = (32 // schnell.info.size_multiple) ** 2  # one token per size_multiple pixels along each side
+    assert schnell.forward_size(cfg) == (2, tokens)
+    assert schnell.forward_size(GenerationParams(**{**cfg.__dict__, "guidance_scale": 1.0})) == (1, tokens)
+    assert dev.forward_size(cfg) == (1, tokens)  # guidance is embedded: no negative row
