@@ -39,7 +39,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 import engine
-from pipelines.params import MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS_ABSOLUTE
+from pipelines.params import MAX_PROMPT_CHARS, MAX_SEED
 from studio import http_errors
 from studio.http_errors import ApiError
 from studio.image_files import ImageFileStore
@@ -140,7 +140,7 @@ class ImageGenerationRequest(pydantic.BaseModel):
     output_compression: int | None = pydantic.Field(default=None, ge=0, le=100)
     # Extensions (send them with the openai client's `extra_body=`).
     negative_prompt: str | None = pydantic.Field(default=None, max_length=MAX_PROMPT_CHARS)
-    num_inference_steps: int | None = pydantic.Field(default=None, ge=1, le=MAX_STEPS_ABSOLUTE)
+    num_inference_steps: int | None = None  # checked against the server's range, which it names
     guidance_scale: float | None = pydantic.Field(default=None, ge=0.0, le=100.0, allow_inf_nan=False)
     seed: int | None = pydantic.Field(default=None, ge=0, le=MAX_SEED)
 
@@ -287,6 +287,7 @@ async def _generate_images(
         raise http_errors.invalid_value(f"n={n} is above this server's limit: allowed is 1..{max_n}.", "n")
     width, height = _parse_size(ask.size)
     try:
+        engine_.limits_for(model).check_values(ask.num_inference_steps, width, height)  # this server's ranges first
         params = engine.GenerationParams(
             prompt=ask.prompt,
             negative_prompt=ask.negative_prompt,

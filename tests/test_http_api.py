@@ -270,6 +270,14 @@ def test_bad_requests_get_an_openai_error_and_never_run(shared_api, body, status
     assert len(shared_api.pipeline.encoded) == encoded_before
 
 
+@pytest.mark.parametrize("steps", [0, 500, 5000, 10**30])
+def test_every_out_of_range_step_count_names_this_servers_range(shared_api, steps):
+    allowed = f"allowed is 1..{shared_api.engine.limits.max_steps}."
+    response = shared_api.http.post("/v1/images/generations", json={"prompt": "a cat", "num_inference_steps": steps})
+    assert_openai_error(response, 400, "num_inference_steps", "invalid_value")
+    assert response.json()["error"]["message"].endswith(allowed), response.json()
+
+
 def test_a_10_mb_prompt_is_refused_unread_and_the_server_keeps_serving(shared_api):
     huge = json.dumps({"prompt": "x" * 10_000_000}).encode()
     response = shared_api.http.post("/v1/images/generations", content=huge, headers={"content-type": "application/json"})
