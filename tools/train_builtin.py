@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
-import os
 import time
 from pathlib import Path
 
@@ -47,7 +45,6 @@ from tools.builtin_components import (
     build_vae,
 )
 from tools.shapes_world import (
-    ShapeSpec,
     all_specs,
     caption,
     example_prompts,
@@ -55,36 +52,21 @@ from tools.shapes_world import (
     render,
     vocabulary,
 )
+from tools.training_loop import (
+    cosine_lr,
+    ema_update,
+    log,
+    progress_fraction,
+    save_atomically,
+)
 
 STAGES = ("vae", "latents", "transformer", "export")
-
-
-def log(message: str) -> None:
-    print(time.strftime("%H:%M:%S"), message, flush=True)
 
 
 def to_tensor(images) -> torch.Tensor:
     """PIL images -> [B, 3, H, W] in [-1, 1] (the pipeline's VaeImageProcessor convention)."""
     array = np.stack([np.asarray(image, dtype=np.float32) for image in images])
     return torch.from_numpy(array).permute(0, 3, 1, 2) / 127.5 - 1.0
-
-
-def save_atomically(state: dict, path: Path) -> None:
-    temporary = path.with_suffix(".tmp")
-    torch.save(state, temporary)
-    os.replace(temporary, path)
-
-
-def progress_fraction(step: int, steps: int, started: float, max_minutes: float) -> float:
-    """Training stops at whichever comes first, the step count or the time budget;
-    the learning-rate schedule follows the same fraction so its cosine always completes."""
-    by_time = (time.time() - started) / (max_minutes * 60.0) if max_minutes > 0 else 0.0
-    return min(1.0, max(step / steps, by_time))
-
-
-def cosine_lr(base_lr: float, fraction: float, step: int, warmup: int, floor: float = 0.05) -> float:
-    warm = min(1.0, (step + 1) / warmup)
-    return base_lr * warm * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * fraction)))
 
 
 # ----------------------------------------------------------------------------- VAE
@@ -123,7 +105,7 @@ def train_vae(args) -> None:
     vae.train()
     while True:
         step = state["step"]
-        fraction = progress_fraction(step, args.vae_steps, started, args.vae_minutes)
+        fraction = progress_fraction(step, args.vae_steps, time.time() - started, args.vae_minutes)
         if fraction >= 1.0:
             break
         for group in optimizer.param_groups:
@@ -232,12 +214,6 @@ def tokenize_all(texts: list[str], clip_tokenizer, t5_tokenizer) -> tuple[torch.
     return clip_ids, t5_ids
 
 
-def ema_update(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
-    with torch.no_grad():
-        for ema_param, param in zip(ema.parameters(), model.parameters()):
-            ema_param.lerp_(param, 1.0 - decay)
-
-
 def sample_sigmas(batch: int, generator: torch.Generator, mean: float, std: float) -> torch.Tensor:
     """Logit-normal noise levels; mean > 0 leans to the noisier half, where shape is decided,
     and matches the inference schedule's shift (mu = 0.5 at 64x64)."""
@@ -297,7 +273,7 @@ def train_transformer(args) -> None:
     modules.train()
     while True:
         step = state["step"]
-        fraction = progress_fraction(step, args.steps, started, args.max_minutes)
+        fraction = progress_fraction(step, args.steps, time.time() - started, args.max_minutes)
         if fraction >= 1.0:
             break
         lr = cosine_lr(args.lr, fraction, step, warmup=args.warmup)

@@ -12,12 +12,16 @@ Stages (run in order; each resumes from its own periodic checkpoint in --work-di
     transformer  WanTransformer3DModel + UMT5 text encoder trained jointly with the rectified-flow
                  objective, in WanPipeline's conventions (timestep = 1000 x sigma, text embeddings
                  zeroed after the real tokens); ~10% empty captions so CFG with "" works; EMA.
+                 A run is named (--run-name) and may start from another run's weights
+                 (--init-from), which is how the shipped model was made (two runs).
     export       write the WanPipeline folder (EMA weights, safetensors) + stepstudio.json.
 
-The clips of the held-out split (tools/moving_shapes_world.py) are never rendered here.
-Each stage stops at its step count or its time budget, whichever comes first, and its log
-line and checkpoint record both; for a step-exact rerun pass the recorded step count with a
-budget of 0. The commands that made the shipped model are in assets/shapes-wan/README.md.
+The trainer never sees the held-out split (tools/moving_shapes_world.py); only `ceiling`
+renders it, to score the VAE. Each stage stops at its step count or its time budget, whichever
+comes first; the log and the checkpoint record both. A time budget makes the learning-rate
+cosine follow elapsed time, so the transformer records its schedule's progress at every step:
+`--replay-schedule <checkpoint>` reruns that run step for step (same batches, same noise, same
+learning rates). The commands that made the shipped model are in assets/shapes-wan/README.md.
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ import argparse
 import copy
 import json
 import math
-import os
 import time
 from pathlib import Path
 
@@ -46,6 +49,13 @@ from tools.moving_shapes_world import (
     training_specs,
     vocabulary,
 )
+from tools.training_loop import (
+    cosine_lr,
+    ema_update,
+    log,
+    progress_fraction,
+    save_atomically,
+)
 from tools.video_components import (
     FLOW_SHIFT,
     TEXT_LENGTH,
@@ -59,38 +69,10 @@ from tools.video_components import (
 STAGES = ("vae", "ceiling", "latents", "transformer", "export")
 
 
-def log(message: str) -> None:
-    print(time.strftime("%H:%M:%S"), message, flush=True)
-
-
 def to_video_tensor(clips: list[list]) -> torch.Tensor:
     """Clips of PIL frames -> [B, 3, T, H, W] in [-1, 1] (WanPipeline's VideoProcessor convention)."""
     array = np.stack([np.stack([np.asarray(frame, dtype=np.float32) for frame in clip]) for clip in clips])
     return torch.from_numpy(array).permute(0, 4, 1, 2, 3) / 127.5 - 1.0
-
-
-def save_atomically(state: dict, path: Path) -> None:
-    temporary = path.with_suffix(".tmp")
-    torch.save(state, temporary)
-    os.replace(temporary, path)
-
-
-def progress_fraction(step: int, steps: int, elapsed: float, max_minutes: float) -> float:
-    """Training stops at whichever comes first, the step count or the time budget;
-    the learning-rate schedule follows the same fraction so its cosine always completes."""
-    by_time = elapsed / (max_minutes * 60.0) if max_minutes > 0 else 0.0
-    return min(1.0, max(step / steps, by_time))
-
-
-def cosine_lr(base_lr: float, fraction: float, step: int, warmup: int, floor: float = 0.05) -> float:
-    warm = min(1.0, (step + 1) / warmup)
-    return base_lr * warm * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * fraction)))
-
-
-def ema_update(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
-    with torch.no_grad():
-        for ema_param, param in zip(ema.parameters(), model.parameters()):
-            ema_param.lerp_(param, 1.0 - decay)
 
 
 # ----------------------------------------------------------------------------- VAE
@@ -269,23 +251,34 @@ def tokenize(tokenizer, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens.input_ids, tokens.attention_mask
 
 
-def sample_sigmas(batch: int, generator: torch.Generator, mean: float, std: float) -> torch.Tensor:
-    """Logit-normal noise levels; mean > 0 leans to the noisier half, where layout and motion are
-    decided, as the inference schedule (shifted by FLOW_SHIFT) does."""
-    return torch.sigmoid(mean + std * torch.randn(batch, generator=generator))
+def sample_sigmas(batch: int, generator: torch.Generator, args) -> torch.Tensor:
+    """Noise levels for one batch.
+
+    logit-normal     sigmoid(N(mean, std)): most samples in the middle, few above 0.95.
+    shifted-uniform  u ~ U(0, 1) shifted as the scheduler shifts its uniform grid,
+                     shift * u / (1 + (shift - 1) * u): exactly how often inference visits each
+                     noise level. With shift 3 a fifth of the samples lie above sigma 0.92, where
+                     the first steps decide the layout and the motion from pure noise.
+    """
+    if args.sigma_sampling == "shifted-uniform":
+        u = torch.rand(batch, generator=generator)
+        return FLOW_SHIFT * u / (1.0 + (FLOW_SHIFT - 1.0) * u)
+    return torch.sigmoid(args.sigma_mean + args.sigma_std * torch.randn(batch, generator=generator))
 
 
 class VideoModels(torch.nn.Module):
     """The transformer and the text encoder, trained together."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, patch: int):
         super().__init__()
-        self.transformer = build_transformer()
+        self.transformer = build_transformer(patch)
         self.text_encoder = build_text_encoder(tokenizer)
 
 
 def train_transformer(args) -> None:
-    checkpoint = args.work_dir / "transformer.pt"
+    """One run of the transformer stage, named --run-name; --init-from starts it from another run's
+    weights (a fine-tuning run: fresh optimizer, schedule and step count)."""
+    checkpoint = args.work_dir / f"{args.run_name}.pt"
     data = torch.load(args.work_dir / "latents.pt", weights_only=False)
     specs = training_specs()
     tokenizer = build_tokenizer()
@@ -293,10 +286,13 @@ def train_transformer(args) -> None:
     empty_index = len(specs)
 
     torch.manual_seed(args.seed)
-    models = VideoModels(tokenizer)
+    if args.init_from is not None:  # a fine-tuning run keeps the architecture it starts from
+        args.patch_size = torch.load(args.init_from, weights_only=False)["args"].get("patch_size", 4)
+    models = VideoModels(tokenizer, args.patch_size)
     ema = copy.deepcopy(models).requires_grad_(False)
     optimizer = torch.optim.AdamW(models.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.99))
     state = {"step": 0, "elapsed": 0.0, "done": False, "loss_avg": None}
+    state["fractions"] = []  # the schedule's progress at every step, for --replay-schedule
     generator = torch.Generator().manual_seed(args.seed)
     if checkpoint.exists():
         saved = torch.load(checkpoint, weights_only=False)
@@ -305,10 +301,19 @@ def train_transformer(args) -> None:
         optimizer.load_state_dict(saved["optimizer"])
         generator.set_state(saved["generator"])
         state = saved["state"]
-        log(f"transformer: resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min done)")
+        log(f"{args.run_name}: resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min done)")
+    elif args.init_from is not None:
+        initial = torch.load(args.init_from, weights_only=False)
+        models.load_state_dict(initial["model"])
+        ema.load_state_dict(initial["ema"])
+        log(f"{args.run_name}: starting from {args.init_from} (step {initial['state']['step']})")
     if state["done"]:
-        log("transformer: already trained")
+        log(f"{args.run_name}: already trained")
         return
+    replay = None
+    if args.replay_schedule is not None:  # a step-exact rerun of a time-budgeted run
+        replay = torch.load(args.replay_schedule, weights_only=False)["state"]["fractions"]
+        log(f"{args.run_name}: replaying the {len(replay)}-step schedule of {args.replay_schedule}")
 
     def save(path: Path) -> None:
         save_atomically(
@@ -325,9 +330,13 @@ def train_transformer(args) -> None:
     models.train()
     while True:
         step = state["step"]
-        fraction = progress_fraction(step, args.steps, time.time() - started, args.max_minutes)
+        if replay is not None:
+            fraction = replay[step] if step < len(replay) else 1.0
+        else:
+            fraction = progress_fraction(step, args.steps, time.time() - started, args.max_minutes)
         if fraction >= 1.0:
             break
+        state.setdefault("fractions", []).append(fraction)
         lr = cosine_lr(args.lr, fraction, step, warmup=args.warmup)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -337,7 +346,7 @@ def train_transformer(args) -> None:
         x0 = (latents - channel_mean) / channel_std  # what WanPipeline's latents are
         text_rows = scene[rows].clone()
         text_rows[torch.rand(args.batch, generator=generator) < args.empty_caption_rate] = empty_index
-        sigma = sample_sigmas(args.batch, generator, args.sigma_mean, args.sigma_std)
+        sigma = sample_sigmas(args.batch, generator, args)
         noise = torch.randn(x0.shape, generator=generator)
         s = sigma.view(-1, 1, 1, 1, 1)
         x_t = (1.0 - s) * x0 + s * noise
@@ -356,16 +365,16 @@ def train_transformer(args) -> None:
         state["loss_avg"] = loss.item() if state["loss_avg"] is None else 0.98 * state["loss_avg"] + 0.02 * loss.item()
         if step % 100 == 0:
             rate = state["step"] / max(state["elapsed"], 1e-6)
-            log(f"transformer step {step} loss {loss.item():.4f} avg {state['loss_avg']:.4f} lr {lr:.2e} "
+            log(f"{args.run_name} step {step} loss {loss.item():.4f} avg {state['loss_avg']:.4f} lr {lr:.2e} "
                 f"{rate:.2f} steps/s {state['elapsed'] / 60:.1f} min, {100 * fraction:.0f}% done")
         if time.time() - last_save > args.checkpoint_minutes * 60:
             save(checkpoint)
             last_save = time.time()
         if args.snapshot_every and state["step"] % args.snapshot_every == 0:
-            save(args.work_dir / f"transformer-{state['step']}.pt")  # for evaluating mid-run
+            save(args.work_dir / f"{args.run_name}-{state['step']}.pt")  # for evaluating mid-run
     state["done"] = True
     save(checkpoint)
-    log(f"transformer: done, {state['step']} steps in {state['elapsed'] / 60:.1f} min")
+    log(f"{args.run_name}: done, {state['step']} steps in {state['elapsed'] / 60:.1f} min")
 
 
 # ----------------------------------------------------------------------------- export
@@ -404,6 +413,27 @@ def preview_factors(vae, seed: int) -> tuple[list[list[float]], list[float]]:
     return factors, bias
 
 
+def transformer_runs(saved: dict) -> list[dict]:
+    """The runs that made these weights, first run first: each one's steps and minutes, and the
+    settings that decide its result (a fine-tuning run names the run it started from)."""
+    runs = []
+    while saved is not None:
+        run_args = saved["args"]
+        runs.append({
+            "run": run_args.get("run_name", "transformer"),
+            "seed": run_args["seed"],
+            "patch_size": run_args.get("patch_size", 4),
+            "steps": saved["state"]["step"],
+            "minutes": round(saved["state"]["elapsed"] / 60, 1),
+            "batch": run_args["batch"],
+            "lr": run_args["lr"],
+            "sigma_sampling": run_args.get("sigma_sampling", "logit-normal"),
+        })
+        parent = run_args.get("init_from")
+        saved = torch.load(parent, weights_only=False) if parent else None
+    return runs[::-1]
+
+
 def export(args) -> None:
     from diffusers import WanPipeline
 
@@ -412,7 +442,7 @@ def export(args) -> None:
     statistics = torch.load(args.work_dir / "latents.pt", weights_only=False)
     vae_state = torch.load(args.work_dir / "vae.pt", weights_only=False)
     tokenizer = build_tokenizer()
-    models = VideoModels(tokenizer)
+    models = VideoModels(tokenizer, saved["args"].get("patch_size", 4))  # runs before the flag: 4
     models.load_state_dict(saved["ema" if not args.export_raw else "model"])
     vae = build_vae(
         latents_mean=[round(v, 5) for v in statistics["latents_mean"]],
@@ -444,11 +474,9 @@ def export(args) -> None:
         "preview_rgb_factors": factors,
         "preview_rgb_bias": bias,
         "training": {
-            "seed": args.seed,
             "vae_steps": vae_state["state"]["step"],
             "vae_minutes": round(vae_state["state"]["elapsed"] / 60, 1),
-            "transformer_steps": saved["state"]["step"],
-            "transformer_minutes": round(saved["state"]["elapsed"] / 60, 1),
+            "transformer_runs": transformer_runs(saved),
             "weights": "raw" if args.export_raw else "ema",
         },
     }
@@ -477,6 +505,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=100000, help="transformer steps")
     parser.add_argument("--max-minutes", type=float, default=0.0, help="transformer time budget (0: steps only)")
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--patch-size", type=int, choices=(2, 4), default=2,
+                        help="transformer patch (1, p, p) on the 16x16 latents")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--ema-decay", type=float, default=0.999)
@@ -484,6 +514,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sigma-mean", type=float, default=math.log(FLOW_SHIFT) / 2,
                         help="logit-normal mean of the noise level")
     parser.add_argument("--sigma-std", type=float, default=1.0)
+    parser.add_argument("--sigma-sampling", choices=("logit-normal", "shifted-uniform"), default="shifted-uniform")
+    parser.add_argument("--run-name", default="transformer", help="the run's checkpoint is <work-dir>/<run-name>.pt")
+    parser.add_argument("--init-from", type=Path, default=None, help="start from another run's checkpoint")
+    parser.add_argument("--replay-schedule", type=Path, default=None,
+                        help="take the learning-rate schedule, step by step, from this run's checkpoint")
     parser.add_argument("--snapshot-every", type=int, default=0, help="keep a copy of the weights every N steps")
     parser.add_argument("--inference-steps", type=int, default=20, help="num_inference_steps in stepstudio.json")
     parser.add_argument("--guidance-scale", type=float, default=4.0, help="CFG default written to stepstudio.json")

@@ -1,0 +1,40 @@
+"""Pieces both trainers (tools/train_builtin.py, tools/train_video.py) share: logging,
+checkpoints that survive a kill, the time-or-steps schedule and the EMA."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+
+
+def log(message: str) -> None:
+    print(time.strftime("%H:%M:%S"), message, flush=True)
+
+
+def save_atomically(state: dict, path: Path) -> None:
+    """A kill mid-write leaves the previous checkpoint intact."""
+    temporary = path.with_suffix(".tmp")
+    torch.save(state, temporary)
+    os.replace(temporary, path)
+
+
+def progress_fraction(step: int, steps: int, elapsed: float, max_minutes: float) -> float:
+    """Training stops at whichever comes first, the step count or the time budget;
+    the learning-rate schedule follows the same fraction so its cosine always completes."""
+    by_time = elapsed / (max_minutes * 60.0) if max_minutes > 0 else 0.0
+    return min(1.0, max(step / steps, by_time))
+
+
+def cosine_lr(base_lr: float, fraction: float, step: int, warmup: int, floor: float = 0.05) -> float:
+    warm = min(1.0, (step + 1) / warmup)
+    return base_lr * warm * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * fraction)))
+
+
+def ema_update(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
+    with torch.no_grad():
+        for ema_param, param in zip(ema.parameters(), model.parameters()):
+            ema_param.lerp_(param, 1.0 - decay)
