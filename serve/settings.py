@@ -130,6 +130,8 @@ def settings_from_args(args: dict) -> tuple[StudioOptions, ServeSettings]:
         allowed = ", ".join(sorted(option_names | set(SERVE_ARGS)))
         raise ValueError(f"unknown args {unknown} in the Serve config; allowed are: {allowed}.")
     serve_args = {name: args.pop(name) for name in SERVE_ARGS if name in args}
+    if "more_models" in args:  # YAML gives lists
+        args["more_models"] = tuple(args["more_models"])
     if args.get("auth") is not None:
         args["auth"] = tuple(args["auth"])
     if "api_keys" in args:

@@ -87,8 +87,9 @@ def _thumbnail(item: SavedOutput) -> Image.Image:
         return image.convert("RGB")
 
 
-def wire_history_tab(engine: Engine, store: OutputStore, tab: HistoryTab, browser_token: gr.BrowserState,
+def wire_history_tab(engine: Engine, store: OutputStore, tab: HistoryTab, page: gr.Tab, browser_token: gr.BrowserState,
                      form: SimpleForm, editor: gr.HTML, tabs: gr.Tabs, demo: gr.Blocks) -> None:
+    """`page` is the tab that holds it: opening it lists what was made since the last listing."""
 
     def listing(token: str) -> dict:
         items = store.history(owner_key(token))[:SHOWN] if isinstance(token, str) and token else []
@@ -132,6 +133,7 @@ def wire_history_tab(engine: Engine, store: OutputStore, tab: HistoryTab, browse
     listed = [tab.gallery, tab.items]
     demo.load(start, inputs=browser_token, outputs=[browser_token, *listed], api_name="ui_history_start", **private)
     tab.refresh.click(listing, inputs=browser_token, outputs=listed, api_name="ui_history_refresh", **private)
+    page.select(listing, inputs=browser_token, outputs=listed, api_name="ui_history_opened", **private)
     tab.gallery.select(select, inputs=tab.items, outputs=[tab.selected, tab.details, tab.open_workflow],
                        api_name="ui_history_select", **private)
     tab.upload.change(opened, inputs=tab.upload, outputs=[tab.selected, tab.details, tab.open_workflow],

@@ -121,12 +121,12 @@ def build_ui(engine: Engine, config: StudioOptions) -> gr.Blocks:
                 workflow_tab = build_workflow_tab(engine)
             with gr.Tab("Simple", id="simple", elem_id="ss-tab-simple"):
                 form, panel = build_simple_tab(engine, config)
-            with gr.Tab("History", id="history", elem_id="ss-tab-history"):
+            with gr.Tab("History", id="history", elem_id="ss-tab-history") as history_page:
                 history = build_history_tab(store)
         views = _build_live_views(engine, config)
         wire_workflow_tab(runner, workflow_tab, browser_token, views)
         wire_simple_tab(runner, results, form, panel, browser_token, views)
-        wire_history_tab(engine, store, history, browser_token, form, workflow_tab.editor, tabs, demo)
+        wire_history_tab(engine, store, history, history_page, browser_token, form, workflow_tab.editor, tabs, demo)
         _wire_live_views(views)
         wire_api_endpoints(engine, config, store)
         wire_workflow_api(runner)

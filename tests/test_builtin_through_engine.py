@@ -8,19 +8,9 @@ import pytest
 
 from engine import Completed, Engine, GenerationParams, Progress
 from pipelines.loader import BUILTIN_MODEL_DIR, load_pipeline
+from tests.test_builtin_checkpoint import PROMPTS  # every shape, size and position
 from tools.evaluate_builtin import evaluate_images
 from tools.evaluate_engine import engine_images, stock_images
-
-PROMPTS = [
-    "a large red circle on a blue background, left",
-    "a small yellow square on a black background, top",
-    "a large white triangle on a green background, center",
-    "a small blue circle on an orange background, bottom",
-    "a large purple square on a white background, right",
-    "a small black triangle on a yellow background, center",
-    "a large orange circle on a purple background, top",
-    "a small green square on a red background, left",
-]
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The documented Serve config (serve/stepstudio.yaml) run as a user would: `serve run`, two CPU
-replicas of the built-in model behind the studio ingress, driven from outside through
+replicas of the built-in image and video models behind the studio ingress, driven from outside through
 gradio_client and the HTTP API. Checked: a request streams every step; /metrics labels both
 replicas; a Cancel, a client's job.cancel() (what a closed tab does) and a dropped HTTP
 connection abort on the replica; killing one replica
@@ -103,6 +103,12 @@ def _generate(client: Client, size: int, steps: int, seed: int = 1):
                          height=size, steps=steps, guidance_scale=3.0, seed=seed, api_name="/generate")
 
 
+def _generate_video(client: Client, steps: int, seed: int = 1):
+    return client.submit(prompt="a red circle moving left on a blue background", negative_prompt="", width=64,
+                         height=64, steps=steps, guidance_scale=4.0, seed=seed, model="shapes-wan", num_frames=9,
+                         api_name="/generate_video")
+
+
 def _running(job, min_step: int = 1):
     seen = [s for s in statuses(job) if s["state"] == "running" and s["step"] >= min_step]
     return seen[-1] if seen else None
@@ -164,10 +170,14 @@ def test_killing_a_replica_mid_run_fails_its_request_and_the_studio_keeps_servin
     pids = _replica_pids()
     assert len(pids) == 2
     client = Client(studio, verbose=False)
-    jobs = [_generate(client, size, steps=LONG, seed=size) for size in (64, 32)]  # two batch keys: two replicas
+    # An image and a video: two batch keys, so the router places them on the two replicas.
+    # Two sessions: one session's cost budget would hold the video back until the image is done.
+    jobs = [_generate(client, 64, steps=LONG), _generate_video(Client(studio, verbose=False), steps=LONG)]
     for job in jobs:
         wait_for(lambda job=job: _running(job, min_step=2), timeout_s=120, what="both requests running")
     assert [statuses(job)[-1]["state"] for job in jobs] == ["running", "running"]
+    running = [_metric(studio, "stepstudio_running_requests", f'replica="replica {i}"') for i in (0, 1)]
+    assert running == [1.0, 1.0], (running, subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout)
     os.kill(pids[0], signal.SIGKILL)
     outcomes = []
     for job in jobs:  # /generate reports a failed request as an error carrying its message

@@ -203,6 +203,8 @@ def test_history_survives_a_reload_and_its_settings_fill_the_form(open_page, bro
         page.fill("#ss-seed input", "1234")
         generate(page, "a result to keep")
         wait_rows(page, "rows.length === 1 && rows[0].state === 'completed'")
+        page.get_by_role("tab", name="History").click()  # opening the tab lists what is new
+        page.wait_for_selector("#ss-history img")
         page.reload()
         page.get_by_role("tab", name="History").click()
         page.wait_for_selector("#ss-history img")
