@@ -63,6 +63,17 @@ def test_readme_example_runs(quick_start_server, index):
     # What each example's comments promise.
     if "images.generate" in code:
         assert last == "[7, 8]"
+    elif "videos.create_and_poll" in code:
+        assert result.stdout.splitlines()[0] == "completed 1.125 9"
+        assert re.fullmatch(r"\['video_[0-9a-f]+'(, '[^']+')*\] True", last), last
+        written = [ROOT / "circle.mp4", ROOT / "circle.webp"]
+        sizes = [path.stat().st_size if path.is_file() else 0 for path in written]
+        for path in written:
+            path.unlink(missing_ok=True)  # the example writes into the working directory
+        assert min(sizes) > 0, sizes
+    elif "/generate_video" in code:
+        assert "completed 20 / 20" in result.stdout
+        assert last.startswith("completed ") and last.endswith(".mp4") and Path(last.split(" ", 1)[1]).is_file()
     elif "/run_workflow" in code:
         assert last.startswith("completed 9 ")
     elif "/generate" in code:
