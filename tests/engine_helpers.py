@@ -50,20 +50,26 @@ def solo_pixels(p: GenerationParams) -> np.ndarray:
 
 class StepGate:
     """An `on_forward` hook that holds the engine thread inside forward `index` until released,
-    so a test can look at or act on the engine at an exact step, with no sleeps or timing."""
+    so a test can look at or act on the engine at an exact step, with no sleeps or timing.
+    With `min_requests`, it holds instead in the first forward that has at least that many
+    requests (all of them are running then)."""
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int | None = None, *, min_requests: int | None = None) -> None:
         self.index = index
+        self.min_requests = min_requests
         self._reached = threading.Event()
         self._released = threading.Event()
 
     def __call__(self, index: int, batch) -> None:
-        if index == self.index:
+        if self._reached.is_set():
+            return
+        if index == self.index or (self.min_requests is not None and len(batch.request_ids) >= self.min_requests):
             self._reached.set()
             assert self._released.wait(30), "the test never released the engine"
 
     def wait(self) -> None:
-        assert self._reached.wait(30), f"the engine never reached forward {self.index}"
+        where = f"forward {self.index}" if self.min_requests is None else f"a forward of {self.min_requests} requests"
+        assert self._reached.wait(30), f"the engine never reached {where}"
 
     def release(self) -> None:
         self._released.set()

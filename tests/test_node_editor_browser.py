@@ -14,7 +14,8 @@ import pytest
 from pipelines.interface import ModelDefaults
 from pipelines.toy import ToyPipeline
 from tests.browser_helpers import BROWSER_MARKS, browser, shot, sync_api  # noqa: F401 (browser: a fixture)
-from tests.studio_helpers import live_studio
+from tests.engine_helpers import StepGate
+from tests.studio_helpers import live_studio, wait_for
 
 STEPS = 30
 STEP_DELAY_S = 0.04
@@ -95,8 +96,22 @@ def test_the_editor_is_the_default_tab_with_a_palette_and_the_text_to_image_grap
     shot(page, "editor-default")
 
 
-def test_build_a_graph_with_the_mouse_run_it_and_cancel_one_branch(page, studio):
-    engine = studio[1]
+def spy_on_cancels(engine, monkeypatch) -> list[str]:
+    """The request ids the engine is asked to cancel, from now on."""
+    cancels: list[str] = []
+    cancel = engine.cancel
+
+    def recording(request_id, *args, **kwargs):
+        cancels.append(request_id)
+        return cancel(request_id, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "cancel", recording)
+    return cancels
+
+
+def test_build_a_graph_with_the_mouse_run_it_and_cancel_one_branch(page, studio, monkeypatch):
+    engine, pipeline = studio[1], studio[2]
+    cancels = spy_on_cancels(engine, monkeypatch)
     page.click("[data-action='clear']")
     assert nodes(page) == []
     prompt = drag_from_palette(page, "prompt", 60, 60)
@@ -125,17 +140,26 @@ def test_build_a_graph_with_the_mouse_run_it_and_cancel_one_branch(page, studio)
         ("prompt", "prompt"), ("values", "guidance"), ("images", "images")}
     shot(page, "editor-built")
 
-    page.click("[data-action='run']")
-    page.wait_for_selector(f"#node-{sampler}[data-state='running'] .sse-branch")
-    bars = page.locator(f"#node-{sampler} .sse-branch")
-    assert bars.count() == 4
-    # The branch bars move while the run goes, and every branch shows live previews.
-    first = int(page.get_attribute(f"#node-{sampler} .sse-branch[data-index='0'] progress", "value"))
-    page.wait_for_function(
-        f"() => +document.querySelector('#node-{sampler} .sse-branch[data-index=\"0\"] progress').value > {first + 4}")
-    page.wait_for_selector(f"#node-{preview} .sse-thumb img")
-    shot(page, "editor-running")
-    page.click(f"#node-{sampler} .sse-branch[data-index='2'] .sse-branch-cancel")
+    # The engine holds inside the branches' 9th forward while the page is looked at and the cancel
+    # goes out, so the branch is surely still running when its cancel arrives (no timing window).
+    gate = StepGate(len(pipeline.forward_log) + 8)
+    pipeline.on_forward = gate
+    try:
+        page.click("[data-action='run']")
+        page.wait_for_selector(f"#node-{sampler}[data-state='running'] .sse-branch")
+        bars = page.locator(f"#node-{sampler} .sse-branch")
+        assert bars.count() == 4
+        gate.wait()
+        # The branch bars moved with the run, and every branch shows live previews.
+        page.wait_for_function(
+            f"() => +document.querySelector('#node-{sampler} .sse-branch[data-index=\"0\"] progress').value >= 8")
+        page.wait_for_selector(f"#node-{preview} .sse-thumb img")
+        shot(page, "editor-running")
+        page.click(f"#node-{sampler} .sse-branch[data-index='2'] .sse-branch-cancel")
+        wait_for(lambda: cancels, timeout_s=30, what="the branch's cancel to reach the engine")
+    finally:
+        pipeline.on_forward = None
+        gate.release()
     page.wait_for_selector(f"#node-{sampler} .sse-branch[data-index='2'][data-state='aborted']")
     page.wait_for_selector(".sse-root[data-run-state='partial']", timeout=30_000)
     states = [el.get_attribute("data-state") for el in page.query_selector_all(f"#node-{sampler} .sse-branch")]
@@ -147,13 +171,23 @@ def test_build_a_graph_with_the_mouse_run_it_and_cancel_one_branch(page, studio)
     assert engine.snapshot().requests == ()
 
 
-def test_cancel_the_whole_run_from_the_toolbar(page, studio):
+def test_cancel_the_whole_run_from_the_toolbar(page, studio, monkeypatch):
+    engine, pipeline = studio[1], studio[2]
+    cancels = spy_on_cancels(engine, monkeypatch)
     page.select_option(".sse-examples", "example:guidance-steps-xy")
     page.wait_for_function("() => document.querySelectorAll('.sse-canvas .drawflow-node').length == 7")
-    page.click("[data-action='run']")
-    (sampler,) = nodes(page, "sampler")
-    page.wait_for_selector(f"#node-{sampler} .sse-branch[data-state='running']")
-    page.click("[data-action='cancel']")
+    gate = StepGate(len(pipeline.forward_log) + 1)  # held in the run's second forward: nothing can finish
+    pipeline.on_forward = gate
+    try:
+        page.click("[data-action='run']")
+        (sampler,) = nodes(page, "sampler")
+        page.wait_for_selector(f"#node-{sampler} .sse-branch[data-state='running']")
+        gate.wait()
+        page.click("[data-action='cancel']")
+        wait_for(lambda: cancels, timeout_s=30, what="the run's cancels to reach the engine")
+    finally:
+        pipeline.on_forward = None
+        gate.release()
     page.wait_for_selector(".sse-root[data-run-state]:not([data-run-state='running'])", timeout=30_000)
     assert page.get_attribute(".sse-root", "data-run-state") in ("aborted", "partial")
     states = {el.get_attribute("data-state") for el in page.query_selector_all(f"#node-{sampler} .sse-branch")}

@@ -14,6 +14,7 @@ import pytest
 from pipelines.interface import ModelDefaults
 from pipelines.toy import ToyPipeline
 from tests.browser_helpers import BROWSER_MARKS, browser, shot, sync_api  # noqa: F401 (browser: a fixture)
+from tests.engine_helpers import StepGate
 from tests.studio_helpers import live_studio
 
 STEPS = 30
@@ -107,9 +108,10 @@ def test_three_quick_clicks_queue_three_requests_and_give_three_results_in_order
     wait_rows(page, "rows.length === 3 && rows.every(r => r.state === 'completed')")
     seeds = [int(r["seed"]) for r in rows(page)]
     assert len(set(seeds)) == 3
-    captions = page.eval_on_selector_all("#ss-gallery .caption-label, #ss-gallery figcaption",
-                                         "els => els.map(el => el.textContent)")
-    assert len(captions) == 3
+    caption_selector = "#ss-gallery .caption-label, #ss-gallery figcaption"
+    # The gallery's update may land just after the queue's last row turned completed.
+    page.wait_for_function(f"document.querySelectorAll({caption_selector!r}).length === 3", timeout=20000)
+    captions = page.eval_on_selector_all(caption_selector, "els => els.map(el => el.textContent)")
     # Newest first in the gallery: the reverse of the queue's order.
     assert [int(c.split("seed ")[1].split(" ")[0]) for c in captions] == seeds[::-1]
 
@@ -160,22 +162,31 @@ def test_cancel_one_request_and_cancel_all(open_page, studio):
     assert page.locator("#ss-result img").count() == 0  # no image for a cancelled request
 
 
-def test_two_pages_see_each_other_in_the_queue(open_page):
+def test_two_pages_see_each_other_in_the_queue(open_page, studio):
+    pipeline = studio[2]
     first, second = open_page(), open_page()
-    generate(first, "first tab's prompt")
-    generate(second, "second tab's prompt")
-    for page in (first, second):
-        page.wait_for_function("document.querySelectorAll('#ss-queue tr[data-request]').length === 2",
-                               timeout=20000)
-    shot(first, "browser-two-tabs-first")
-    shot(second, "browser-two-tabs-second")
-    for page, own, other in ((first, "first tab's prompt", "second tab's prompt"),
-                             (second, "second tab's prompt", "first tab's prompt")):
-        mine = page.locator("#ss-queue tr.ss-mine")
-        assert mine.count() == 1 and own in mine.inner_text() and "you" in mine.inner_text()
-        table = page.inner_text("#ss-queue table")
-        assert other not in table and "(hidden)" in table
-        assert page.locator("#ss-graph g.ss-you").count() == 1
+    # The engine holds in the first forward both requests share, while the pages are read.
+    gate = StepGate(min_requests=2)
+    pipeline.on_forward = gate
+    try:
+        generate(first, "first tab's prompt")
+        generate(second, "second tab's prompt")
+        gate.wait()
+        for page in (first, second):
+            page.wait_for_function("document.querySelectorAll('#ss-queue tr[data-request]').length === 2",
+                                   timeout=20000)
+        shot(first, "browser-two-tabs-first")
+        shot(second, "browser-two-tabs-second")
+        for page, own, other in ((first, "first tab's prompt", "second tab's prompt"),
+                                 (second, "second tab's prompt", "first tab's prompt")):
+            mine = page.locator("#ss-queue tr.ss-mine")
+            assert mine.count() == 1 and own in mine.inner_text() and "you" in mine.inner_text()
+            table = page.inner_text("#ss-queue table")
+            assert other not in table and "(hidden)" in table
+            assert page.locator("#ss-graph g.ss-you").count() == 1
+    finally:
+        pipeline.on_forward = None
+        gate.release()
     for page in (first, second):
         wait_rows(page, "rows.length === 1 && rows[0].state === 'completed'")
 
