@@ -73,3 +73,16 @@ class StepGate:
 
     def release(self) -> None:
         self._released.set()
+
+
+def spy_on_cancels(engine, monkeypatch) -> list[str]:
+    """The request ids the engine is asked to cancel, from now on."""
+    cancels: list[str] = []
+    cancel = engine.cancel
+
+    def recording(request_id, *args, **kwargs):
+        cancels.append(request_id)
+        return cancel(request_id, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "cancel", recording)
+    return cancels

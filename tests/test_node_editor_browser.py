@@ -14,7 +14,7 @@ import pytest
 from pipelines.interface import ModelDefaults
 from pipelines.toy import ToyPipeline
 from tests.browser_helpers import BROWSER_MARKS, browser, shot, sync_api  # noqa: F401 (browser: a fixture)
-from tests.engine_helpers import StepGate
+from tests.engine_helpers import StepGate, spy_on_cancels
 from tests.studio_helpers import live_studio, wait_for
 
 STEPS = 30
@@ -94,19 +94,6 @@ def test_the_editor_is_the_default_tab_with_a_palette_and_the_text_to_image_grap
         ["prompt", "seed", "steps", "guidance", "sampler", "live_preview", "image_output"])
     assert links(page) == 6
     shot(page, "editor-default")
-
-
-def spy_on_cancels(engine, monkeypatch) -> list[str]:
-    """The request ids the engine is asked to cancel, from now on."""
-    cancels: list[str] = []
-    cancel = engine.cancel
-
-    def recording(request_id, *args, **kwargs):
-        cancels.append(request_id)
-        return cancel(request_id, *args, **kwargs)
-
-    monkeypatch.setattr(engine, "cancel", recording)
-    return cancels
 
 
 def test_build_a_graph_with_the_mouse_run_it_and_cancel_one_branch(page, studio, monkeypatch):

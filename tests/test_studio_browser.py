@@ -14,8 +14,8 @@ import pytest
 from pipelines.interface import ModelDefaults
 from pipelines.toy import ToyPipeline
 from tests.browser_helpers import BROWSER_MARKS, browser, shot, sync_api  # noqa: F401 (browser: a fixture)
-from tests.engine_helpers import StepGate
-from tests.studio_helpers import live_studio
+from tests.engine_helpers import StepGate, spy_on_cancels
+from tests.studio_helpers import live_studio, wait_for
 
 STEPS = 30
 STEP_DELAY_S = 0.05
@@ -140,22 +140,38 @@ def test_shift_enter_generates_and_enter_adds_a_line(open_page):
     assert "Shift+Enter generates" in page.inner_text("#ss-prompt")
 
 
-def test_cancel_one_request_and_cancel_all(open_page, studio):
+def test_cancel_one_request_and_cancel_all(open_page, studio, monkeypatch):
     _, engine, pipeline, _ = studio
+    cancels = spy_on_cancels(engine, monkeypatch)
     page = open_page()
     page.fill("#ss-batch-count input[type=number]", "2")
     page.press("#ss-batch-count input[type=number]", "Enter")
-    generate(page, "two requests to cancel")
-    wait_rows(page, "rows.length === 2 && rows.every(r => Number(r.step) >= 2)")
-    first, second = rows(page)
-    page.dispatch_event(f"#ss-tab-queue .ss-job[data-request='{first['request']}'] .ss-job-cancel", "pointerdown")
-    wait_rows(page, "rows[0].state === 'aborted'", timeout=5000)
-    assert rows(page)[1]["state"] == "running"
-    page.click("#ss-cancel")
-    wait_rows(page, "rows[1].state === 'aborted'", timeout=5000)
-    forwards_after_cancel = len(pipeline.forward_log)
+    # Each cancel goes out while the engine is held inside a forward of the request, so it is
+    # surely still running when the cancel arrives (no timing window on a busy machine).
+    gate = StepGate(min_requests=2)
+    pipeline.on_forward = gate
+    try:
+        generate(page, "two requests to cancel")
+        gate.wait()
+        wait_rows(page, "rows.length === 2 && rows.every(r => r.state === 'running')")
+        first, second = rows(page)
+        page.dispatch_event(f"#ss-tab-queue .ss-job[data-request='{first['request']}'] .ss-job-cancel", "pointerdown")
+        wait_for(lambda: cancels == [first["request"]], timeout_s=20, what="the first cancel to reach the engine")
+        gate_two = StepGate(len(pipeline.forward_log) + 1)
+        pipeline.on_forward = gate_two
+    finally:
+        gate.release()
+    try:
+        gate_two.wait()  # the first request has ended; the second runs on
+        wait_rows(page, "rows[0].state === 'aborted' && rows[1].state === 'running'")
+        page.click("#ss-cancel")
+        wait_for(lambda: second["request"] in cancels, timeout_s=20, what="Cancel all to reach the engine")
+        forwards_after_cancel = len(pipeline.forward_log)
+    finally:
+        pipeline.on_forward = None
+        gate_two.release()
+    wait_rows(page, "rows[1].state === 'aborted'")
     shot(page, "browser-cancelled")
-    time.sleep(10 * STEP_DELAY_S)
     ours = [ids for ids in pipeline.forward_log[forwards_after_cancel:] if {first["request"], second["request"]} & set(ids)]
     assert len(ours) <= 1, "a cancelled request kept running"
     assert not [v for v in engine.snapshot().requests if v.request_id in (first["request"], second["request"])]
