@@ -38,11 +38,13 @@ def settings_update(settings: dict, engine: Engine) -> list:
     model's defaults; a model no longer loaded: the default model)."""
     model = settings.get("model") if settings.get("model") in engine.models.names else engine.models.default
     defaults = engine.infos[model].defaults
+    card_sizes = [f"{w}x{h}" for w, h in engine.infos[model].supported_sizes]  # the size dropdown's choices
+    size = f"{settings.get('width', defaults.width)}x{settings.get('height', defaults.height)}"
     return [
         model,
         settings.get("prompt", ""),
         settings.get("negative_prompt", defaults.negative_prompt or ""),
-        f"{settings.get('width', defaults.width)}x{settings.get('height', defaults.height)}",
+        size if size in card_sizes else (card_sizes[0] if card_sizes else None),
         settings.get("width", defaults.width),
         settings.get("height", defaults.height),
         settings.get("num_inference_steps", defaults.num_inference_steps),

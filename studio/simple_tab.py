@@ -207,7 +207,9 @@ def build_simple_tab(engine: Engine, config: StudioOptions) -> tuple[SimpleForm,
                 gr.Examples(examples=examples, inputs=[prompt], label="Example prompts")
             with gr.Accordion("Settings", open=True):
                 with gr.Row():
-                    size = gr.Dropdown(list(look.sizes), value=look.default_size, label="Size (the model's card)",
+                    # Every served model's card sizes are known to the server; picking a model narrows them.
+                    card_sizes = list(dict.fromkeys(size for name in names for size in ModelForm.of(engine, name).sizes))
+                    size = gr.Dropdown(card_sizes, value=look.default_size, label="Size (the model's card)",
                                        visible=bool(look.sizes), elem_id="ss-size")
                     width = gr.Slider(*look.size_range, value=look.width, step=look.size_step, label="Width",
                                       visible=not look.sizes, elem_id="ss-width")
