@@ -20,7 +20,7 @@ from PIL import Image
 from engine import Engine
 from studio.bridge import user_error
 from studio.outputs import OutputStore, SavedOutput, owner_key, parse_infotext, png_texts
-from studio.simple_tab import SimpleForm
+from studio.simple_tab import ModelForm, SimpleForm
 
 TOKEN_MIN_CHARS = 16
 SHOWN = 60  # newest results shown
@@ -38,7 +38,7 @@ def settings_update(settings: dict, engine: Engine) -> list:
     model's defaults; a model no longer loaded: the default model)."""
     model = settings.get("model") if settings.get("model") in engine.models.names else engine.models.default
     defaults = engine.infos[model].defaults
-    card_sizes = [f"{w}x{h}" for w, h in engine.infos[model].supported_sizes]  # the size dropdown's choices
+    card_sizes = ModelForm.of(engine, model).sizes  # the size dropdown's choices
     size = f"{settings.get('width', defaults.width)}x{settings.get('height', defaults.height)}"
     return [
         model,
@@ -89,8 +89,9 @@ def _thumbnail(item: SavedOutput) -> Image.Image:
         return image.convert("RGB")
 
 
-def wire_history_tab(engine: Engine, store: OutputStore, tab: HistoryTab, page: gr.Tab, browser_token: gr.BrowserState,
-                     form: SimpleForm, editor: gr.HTML, tabs: gr.Tabs, demo: gr.Blocks) -> None:
+def wire_history_tab(engine: Engine, store: OutputStore, tab: HistoryTab, page: gr.Tab,
+                     browser_token: gr.BrowserState, form: SimpleForm, editor: gr.HTML, tabs: gr.Tabs,
+                     demo: gr.Blocks) -> None:
     """`page` is the tab that holds it: opening it lists what was made since the last listing."""
 
     def listing(token: str) -> dict:
