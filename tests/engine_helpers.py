@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -52,23 +53,28 @@ class StepGate:
     """An `on_forward` hook that holds the engine thread inside forward `index` until released,
     so a test can look at or act on the engine at an exact step, with no sleeps or timing.
     With `min_requests`, it holds instead in the first forward that has at least that many
-    requests (all of them are running then)."""
+    requests (all of them are running then); with `when`, in the first forward in which
+    `when()` is true (e.g. a look at the engine's published snapshot)."""
 
-    def __init__(self, index: int | None = None, *, min_requests: int | None = None) -> None:
+    def __init__(self, index: int | None = None, *, min_requests: int | None = None,
+                 when: Callable[[], bool] | None = None) -> None:
         self.index = index
         self.min_requests = min_requests
+        self.when = when
         self._reached = threading.Event()
         self._released = threading.Event()
 
     def __call__(self, index: int, batch) -> None:
         if self._reached.is_set():
             return
-        if index == self.index or (self.min_requests is not None and len(batch.request_ids) >= self.min_requests):
+        if (index == self.index or (self.min_requests is not None and len(batch.request_ids) >= self.min_requests)
+                or (self.when is not None and self.when())):
             self._reached.set()
             assert self._released.wait(30), "the test never released the engine"
 
     def wait(self) -> None:
-        where = f"forward {self.index}" if self.min_requests is None else f"a forward of {self.min_requests} requests"
+        where = (f"a forward of {self.min_requests} requests" if self.min_requests is not None
+                 else "a forward where its condition held" if self.when is not None else f"forward {self.index}")
         assert self._reached.wait(30), f"the engine never reached {where}"
 
     def release(self) -> None:
@@ -86,3 +92,16 @@ def spy_on_cancels(engine, monkeypatch) -> list[str]:
 
     monkeypatch.setattr(engine, "cancel", recording)
     return cancels
+
+
+def spy_on_submits(engine) -> list[GenerationParams]:
+    """The params of every request submitted to the engine from now on (for the engine's life)."""
+    submitted: list[GenerationParams] = []
+    submit = engine.submit
+
+    def recording(params, *args, **kwargs):
+        submitted.append(params)
+        return submit(params, *args, **kwargs)
+
+    engine.submit = recording
+    return submitted

@@ -18,7 +18,7 @@ from engine import Engine
 from pipelines.toy import ToyPipeline
 from studio.config import StudioOptions
 from studio.server import StudioServer, build_app
-from tests.engine_helpers import StepGate
+from tests.engine_helpers import StepGate, spy_on_submits
 from tests.studio_helpers import live_studio, statuses, wait_for
 
 STEP_DELAY_S = 0.03
@@ -147,6 +147,8 @@ def test_queue_endpoint_marks_own_requests_and_hides_other_prompts(studio, clien
     try:
         snapshot = mine.predict(api_name="/queue")
         own_view = theirs.predict(api_name="/queue")["requests"]
+        request_id = wait_for(lambda: next((s["request_id"] for s in statuses(job)), None), what="a status")
+        theirs.predict(request_id, api_name="/cancel")  # still held: the request cannot finish first
     finally:
         pipeline.on_forward = None
         gate.release()
@@ -154,7 +156,6 @@ def test_queue_endpoint_marks_own_requests_and_hides_other_prompts(studio, clien
     views = snapshot["requests"]
     assert views and all(not v["mine"] and v["prompt"] == "(hidden)" for v in views)
     assert any(v["mine"] and v["prompt"] == "their secret prompt" for v in own_view)
-    theirs.predict(statuses(job)[-1]["request_id"], api_name="/cancel")
     assert job.result(timeout=30)[0]["state"] == "aborted"
 
 
@@ -207,15 +208,23 @@ def test_a_failing_request_and_a_full_session_are_reported_and_the_app_keeps_ser
     with pytest.raises(AppError, match="denoise_step failed"):
         client.predict(prompt="boom [fail:denoise_step]", negative_prompt="", width=64, height=64, steps=4,
                        guidance_scale=1.0, seed=1, api_name="/generate")
-    long_jobs = [submit(client, f"long {i}", 60) for i in range(4)]  # max_per_session=4
-    ids = [wait_for(lambda job=job: running_status(job, 1), what="a long job to run")["request_id"]
-           for job in long_jobs]
-    with pytest.raises(AppError, match="already has 4 requests in flight"):
-        client.predict(prompt="one too many", negative_prompt="", width=64, height=64, steps=4,
-                       guidance_scale=1.0, seed=1, api_name="/generate")
-    for request_id in ids:
-        client.predict(request_id, api_name="/cancel")
-    assert {job.result(timeout=30)[0]["state"] for job in long_jobs} <= {"aborted", "completed"}
+    pipeline = studio[2]
+    gate = StepGate(min_requests=4)  # hold the engine while all four long jobs are in flight
+    pipeline.on_forward = gate
+    try:
+        long_jobs = [submit(client, f"long {i}", 60) for i in range(4)]  # max_per_session=4
+        gate.wait()
+        ids = [wait_for(lambda job=job: next((s["request_id"] for s in statuses(job)), None), what="a status")
+               for job in long_jobs]
+        with pytest.raises(AppError, match="already has 4 requests in flight"):
+            client.predict(prompt="one too many", negative_prompt="", width=64, height=64, steps=4,
+                           guidance_scale=1.0, seed=1, api_name="/generate")
+        for request_id in ids:
+            client.predict(request_id, api_name="/cancel")
+    finally:
+        pipeline.on_forward = None
+        gate.release()
+    assert [job.result(timeout=30)[0]["state"] for job in long_jobs] == ["aborted"] * 4
     final = client.predict(prompt="still serving", negative_prompt="", width=64, height=64, steps=4,
                            guidance_scale=1.0, seed=1, api_name="/generate")
     assert final[0]["state"] == "completed"
@@ -225,19 +234,32 @@ def test_cancel_while_waiting_in_the_queue():
     pipeline = ToyPipeline(step_delay_s=STEP_DELAY_S)
     config = StudioOptions(model="toy", port=0, max_batch=1, preview_every=0)
     engine = Engine(pipeline, mode=config.mode, max_batch=config.max_batch, limits=config.limits).start()
+    # The first request may not finish (and the second start) before the cancel arrives: the
+    # engine waits in the first request's second forward until the second one is submitted, and
+    # then in the first forward after it was queued behind the first, until the cancel is in.
+    running_gate = StepGate(1)
+    queued_gate = StepGate(when=lambda: len(engine.snapshot().requests) == 2)
+    pipeline.on_forward = lambda index, batch: (running_gate(index, batch), queued_gate(index, batch))
+    submitted = spy_on_submits(engine)
     server = StudioServer(build_app(engine, config), "127.0.0.1", 0).start()
     try:
         first, second = Client(server.url, verbose=False), Client(server.url, verbose=False)
         running = submit(first, "runs first", 40)
-        wait_for(lambda: running_status(running, 1), what="the first request to run")
+        running_gate.wait()
         waiting = submit(second, "waits", 5)
+        wait_for(lambda: len(submitted) == 2, what="the second request to reach the engine")
+        running_gate.release()
+        queued_gate.wait()
         queued = wait_for(lambda: [s for s in statuses(waiting) if s["position"] == 1], what="a queue position")
         second.predict(queued[-1]["request_id"], api_name="/cancel")
+        queued_gate.release()
         final = waiting.result(timeout=30)[0]
         assert final["state"] == "aborted" and final["step"] == 0
         assert not [ids for ids in pipeline.forward_log if queued[-1]["request_id"] in ids]
         assert running.result(timeout=30)[0]["state"] == "completed"
     finally:
+        running_gate.release()
+        queued_gate.release()
         server.stop()
         engine.close()
 

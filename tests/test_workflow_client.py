@@ -17,6 +17,7 @@ from PIL import Image
 from pipelines.toy import ToyPipeline
 from studio.outputs import parse_infotext, png_texts
 from studio.workflow_ui import EXAMPLES_DIR
+from tests.engine_helpers import StepGate
 from tests.studio_helpers import live_studio, statuses, wait_for
 
 STEP_DELAY_S = 0.02
@@ -95,38 +96,47 @@ def test_the_xy_grid_has_one_cell_per_branch(client):
     assert grid.width > 3 * 128 and grid.height > 2 * 128 and grid.width < 4 * 128 + 200
 
 
-def test_cancel_the_whole_run(client, studio):
-    engine = studio[1]
-    job = client.submit(workflow=xy_workflow(steps="50, 60"), api_name="/run_workflow")
-    running = wait_for(lambda: next((s for s in statuses(job) if s["state"] == "running"
-                                     and all(b["step"] >= 1 for b in s["branches"])), None), what="all branches running")
-    answer = client.predict(running["run_id"], -1, api_name="/cancel_workflow")
+@pytest.fixture
+def held_run(client, studio, monkeypatch):
+    """Start the 2x2 run and hold the engine in the first forward of all four branches, so the
+    run is surely in flight when the test acts on it; the test releases the gate."""
+    gate = StepGate(min_requests=4)
+    monkeypatch.setattr(studio[2], "on_forward", gate)
+    job = client.submit(workflow=xy_workflow(steps="20, 30"), api_name="/run_workflow")
+    gate.wait()
+    run_id = wait_for(lambda: next((s["run_id"] for s in statuses(job)), None), what="the run's first status")
+    yield job, run_id, gate
+    gate.release()  # whatever the test did
+
+
+def test_cancel_the_whole_run(client, studio, held_run):
+    job, run_id, gate = held_run
+    answer = client.predict(run_id, -1, api_name="/cancel_workflow")
     assert answer["cancelled"] is True
-    status, images, grids = job.result(timeout=30)
+    gate.release()
+    status, images, _ = job.result(timeout=30)
     assert status["state"] == "aborted" and [b["state"] for b in status["branches"]] == ["aborted"] * 4
     assert all(b["step"] < b["total"] for b in status["branches"])
     assert images == []
-    wait_for(lambda: engine.snapshot().requests == (), what="the engine to be empty")
+    wait_for(lambda: studio[1].snapshot().requests == (), what="the engine to be empty")
 
 
-def test_cancel_one_branch_and_the_others_finish(client):
-    job = client.submit(workflow=xy_workflow(steps="20, 30"), api_name="/run_workflow")
-    running = wait_for(lambda: next((s for s in statuses(job) if s["state"] == "running"
-                                     and s["branches"][3]["step"] >= 1), None), what="branch 3 running")
-    answer = client.predict(running["run_id"], 3, api_name="/cancel_workflow")
-    assert answer == {"run_id": running["run_id"], "cancelled": True,
-                      "message": "cancelling branch 3 at the next step boundary"}
+def test_cancel_one_branch_and_the_others_finish(client, held_run):
+    job, run_id, gate = held_run
+    answer = client.predict(run_id, 3, api_name="/cancel_workflow")
+    assert answer == {"run_id": run_id, "cancelled": True, "message": "cancelling branch 3 at the next step boundary"}
+    gate.release()
     status, images, _ = job.result(timeout=30)
     assert [b["state"] for b in status["branches"]] == ["completed", "completed", "completed", "aborted"]
     assert status["state"] == "partial" and len(images) == 3
 
 
-def test_another_session_cannot_cancel_my_run(client, studio):
-    job = client.submit(workflow=xy_workflow(steps="30, 40"), api_name="/run_workflow")
-    running = wait_for(lambda: next((s for s in statuses(job) if s["state"] == "running"), None), what="running")
+def test_another_session_cannot_cancel_my_run(studio, held_run):
+    job, run_id, gate = held_run
     stranger = Client(studio[0].url, verbose=False)
     with pytest.raises(AppError, match="belongs to another session"):
-        stranger.predict(running["run_id"], -1, api_name="/cancel_workflow")
+        stranger.predict(run_id, -1, api_name="/cancel_workflow")
+    gate.release()
     assert job.result(timeout=30)[0]["state"] == "completed"
 
 
