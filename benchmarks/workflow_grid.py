@@ -68,7 +68,12 @@ def run_workflow(client, workflow: dict) -> dict:
     first_preview: dict[int, float] = {}
     done: dict[int, float] = {}
     batch_sizes = []
-    for status, _images, _grids in job:
+    skipped: list[str] = []
+    for update in job:
+        if isinstance(update[0], Exception):  # an update gradio_client could not fetch (README: From Python)
+            skipped.append(repr(update[0]))
+            continue
+        status = update[0]
         now = time.perf_counter() - start
         for branch in status["branches"]:
             if branch["preview"] and branch["index"] not in first_preview:
@@ -82,7 +87,7 @@ def run_workflow(client, workflow: dict) -> dict:
     assert status["state"] == "completed", status["state"]
     return {"wall_s": wall, "first_preview_s": [first_preview.get(i) for i in range(status["total"])],
             "image_s": [done.get(i, wall) for i in range(status["total"])],
-            "mean_batch": statistics.fmean(batch_sizes) if batch_sizes else None}
+            "mean_batch": statistics.fmean(batch_sizes) if batch_sizes else None, "skipped_updates": skipped}
 
 
 def run_studio_one_by_one(client, prompt: str, seed: int, grid: list[tuple[float, int]], size: int) -> dict:
@@ -92,7 +97,10 @@ def run_studio_one_by_one(client, prompt: str, seed: int, grid: list[tuple[float
         job = client.submit(prompt=prompt, negative_prompt="", width=size, height=size, steps=steps,
                             guidance_scale=guidance, seed=seed, api_name="/generate")
         preview_at = None
-        for status, preview, _image in job:
+        for update in job:
+            if isinstance(update[0], Exception):  # as in run_workflow
+                continue
+            preview = update[1]
             if preview is not None and preview_at is None:
                 preview_at = time.perf_counter() - start
         status = job.result()[0]

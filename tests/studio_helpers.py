@@ -25,9 +25,15 @@ def live_studio(pipeline, outputs: Path | None = None, **options):
         engine.close()
 
 
+def streamed(job) -> list[tuple]:
+    """The updates a gradio_client job has streamed so far, less any it could not process: those
+    it keeps as [exception] instead of raising (e.g. a file download that failed)."""
+    return [output for output in job.outputs() if not isinstance(output[0], Exception)]
+
+
 def statuses(job) -> list[dict]:
     """The status dicts a gradio_client job has streamed so far (its first output)."""
-    return [output[0] for output in job.outputs() if isinstance(output[0], dict)]
+    return [output[0] for output in streamed(job) if isinstance(output[0], dict)]
 
 
 def wait_for(predicate, timeout_s: float = 20.0, what: str = "condition"):

@@ -19,7 +19,7 @@ from pipelines.toy import ToyPipeline
 from studio.config import StudioOptions
 from studio.server import StudioServer, build_app
 from tests.engine_helpers import StepGate, spy_on_submits
-from tests.studio_helpers import live_studio, statuses, wait_for
+from tests.studio_helpers import live_studio, statuses, streamed, wait_for
 
 STEP_DELAY_S = 0.03
 
@@ -95,7 +95,7 @@ def test_three_clients_share_forwards_and_stream_every_step(studio, clients):
 def test_previews_stream_every_few_steps(studio, clients):
     job = submit(clients(), "a blue square", 6)
     job.result(timeout=30)
-    previews = [output[1] for output in job.outputs() if isinstance(output[1], str)]
+    previews = [output[1] for output in streamed(job) if isinstance(output[1], str)]
     assert len(previews) == 2  # steps 2 and 4 (step 6 is the final image, no preview)
     with Image.open(previews[0]) as preview:
         assert preview.format == "JPEG" and max(preview.size) <= 256

@@ -10,7 +10,7 @@ from PIL import Image
 
 from pipelines.loader import load_pipeline
 from tests.engine_helpers import StepGate
-from tests.studio_helpers import live_studio, statuses, wait_for
+from tests.studio_helpers import live_studio, statuses, streamed, wait_for
 from tests.test_http_videos import FLUX_CONFIG, FPS, WAN_CONFIG, Instrumented
 from tests.tiny_checkpoints import build_tiny_flux, build_tiny_wan
 
@@ -42,7 +42,7 @@ def test_generate_video_streams_previews_and_returns_an_mp4(studio):
     job = generate_video(client, steps=6)
     status, _, media = job.result(timeout=60)
     assert (status["state"], status["step"], status["total"], status["seed"]) == ("completed", 6, 6, 5)
-    previews = [output[1] for output in job.outputs() if output[1]]
+    previews = [output[1] for output in streamed(job) if output[1]]
     assert len(previews) >= 3  # a preview every step, each every latent frame as a looping GIF
     with Image.open(previews[-1]) as gif:
         assert gif.format == "GIF" and gif.n_frames == 3  # 9 frames -> 3 latent frames
