@@ -268,18 +268,21 @@ def sample_sigmas(batch: int, generator: torch.Generator, args) -> torch.Tensor:
     return torch.sigmoid(args.sigma_mean + args.sigma_std * torch.randn(batch, generator=generator))
 
 
-def image_loss(models, data, batch, generator, args, input_ids, attention_mask, empty_index,
-               channel_mean, channel_std) -> torch.Tensor:
-    """The rectified-flow loss on single frames, as Wan trains on images beside videos: the causal
-    VAE encodes a clip's first frame alone, so latent frame 0 of a training clip is exactly the
-    latent of that frame as a one-frame video (WanPipeline with num_frames=1). A frame costs a fifth
-    of a clip (64 tokens instead of 320), so the text-to-shape binding gets five times the samples
-    per second; the shape is the same in every frame of a clip, so what it learns carries over."""
+def flow_matching_loss(models, data, batch: int, frames: int | None, generator, args, input_ids, attention_mask,
+                       empty_index: int, channel_mean, channel_std) -> torch.Tensor:
+    """The rectified-flow loss on `batch` training clips drawn at random (a fresh posterior sample,
+    ~10% empty captions), on their first `frames` latent frames (None: all of them).
+
+    frames=1 is how --image-batch trains images beside videos, as Wan does: the causal VAE encodes
+    a clip's first frame alone, so latent frame 0 of a training clip is exactly the latent of that
+    frame as a one-frame video (WanPipeline with num_frames=1). A frame costs a fifth of a clip
+    (64 tokens instead of 320), so the text-to-shape binding gets five times the samples per
+    second; the shape is the same in every frame of a clip, so what it learns carries over."""
     mean, logvar, scene = data["mean"], data["logvar"], data["scene"]
     rows = torch.randint(len(mean), (batch,), generator=generator)
-    first_mean, first_logvar = mean[rows, :, :1].float(), logvar[rows, :, :1].float()
-    latents = first_mean + (0.5 * first_logvar).exp() * torch.randn(first_mean.shape, generator=generator)
-    x0 = (latents - channel_mean) / channel_std
+    std = (0.5 * logvar[rows, :, :frames].float()).exp()
+    latents = mean[rows, :, :frames].float() + std * torch.randn(std.shape, generator=generator)
+    x0 = (latents - channel_mean) / channel_std  # what WanPipeline's latents are
     text_rows = scene[rows].clone()
     text_rows[torch.rand(batch, generator=generator) < args.empty_caption_rate] = empty_index
     sigma = sample_sigmas(batch, generator, args)
@@ -349,9 +352,9 @@ def train_transformer(args) -> None:
             path,
         )
 
-    mean, logvar, scene = data["mean"], data["logvar"], data["scene"]
     channel_mean = torch.tensor(data["latents_mean"]).view(1, -1, 1, 1, 1)
     channel_std = torch.tensor(data["latents_std"]).view(1, -1, 1, 1, 1)
+    captions_and_latent_stats = (input_ids, attention_mask, empty_index, channel_mean, channel_std)
     started = time.time() - state["elapsed"]
     last_save = time.time()
     models.train()
@@ -367,24 +370,10 @@ def train_transformer(args) -> None:
         lr = cosine_lr(args.lr, fraction, step, warmup=args.warmup)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        rows = torch.randint(len(mean), (args.batch,), generator=generator)
-        std = (0.5 * logvar[rows].float()).exp()
-        latents = mean[rows].float() + std * torch.randn(std.shape, generator=generator)
-        x0 = (latents - channel_mean) / channel_std  # what WanPipeline's latents are
-        text_rows = scene[rows].clone()
-        text_rows[torch.rand(args.batch, generator=generator) < args.empty_caption_rate] = empty_index
-        sigma = sample_sigmas(args.batch, generator, args)
-        noise = torch.randn(x0.shape, generator=generator)
-        s = sigma.view(-1, 1, 1, 1, 1)
-        x_t = (1.0 - s) * x0 + s * noise
-        prompt_embeds = text_embeddings(models.text_encoder, input_ids[text_rows], attention_mask[text_rows])
-        velocity = models.transformer(
-            hidden_states=x_t, timestep=sigma * 1000.0, encoder_hidden_states=prompt_embeds, return_dict=False
-        )[0]
-        loss = F.mse_loss(velocity, noise - x0)
-        if args.image_batch:
-            loss = loss + image_loss(models, data, args.image_batch, generator, args, input_ids, attention_mask,
-                                     empty_index, channel_mean, channel_std)
+        loss = flow_matching_loss(models, data, args.batch, None, generator, args, *captions_and_latent_stats)
+        if args.image_batch:  # first frames as one-frame videos
+            loss = loss + flow_matching_loss(models, data, args.image_batch, 1, generator, args,
+                                             *captions_and_latent_stats)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(models.parameters(), 1.0)
