@@ -200,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
 
+    from studio.temp_files import use_private_cache_folder
+
+    use_private_cache_folder()  # before gradio is imported (studio/temp_files.py says why)
     if args.replicas:
         return run_replicas(parser, args, config)
 

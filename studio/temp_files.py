@@ -1,6 +1,12 @@
 """Gradio's temp files (every preview and result it sends is written to its cache folder):
 deleted once they are older than a time to live, and all of them when the studio stops.
 
+Gradio names a cached file by its content hash and reuses one that is already there, in a
+folder every Gradio process on the machine shares by default. A studio that judged age by
+mtime there could delete, right after sending it, an identical file another process wrote
+hours ago; its stop could delete files another live studio is sending. So `python app.py`
+gives its process a cache folder of its own first (`use_private_cache_folder`).
+
 Gradio's own `delete_cache` does this from a worker thread while handlers keep adding files
 to the same sets, and its loop ends for good on the first "Set changed size during
 iteration". This sweeper takes a copy of each set before it looks at it, and never stops.
@@ -8,15 +14,33 @@ iteration". This sweeper takes a copy of each set before it looks at it, and nev
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-import gradio as gr
+if TYPE_CHECKING:
+    import gradio as gr
 
 log = logging.getLogger(__name__)
+
+
+def use_private_cache_folder() -> Path:
+    """Point Gradio's cache (GRADIO_TEMP_DIR) at a new folder of this process's own, inside
+    the one it would use, removed when the process exits. Call before gradio is imported:
+    some of its modules read the variable at import."""
+    shared = Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio")
+    shared.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=f"stepstudio-{os.getpid()}-", dir=shared)).resolve()
+    os.environ["GRADIO_TEMP_DIR"] = str(folder)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def delete_temp_files(demo: gr.Blocks, older_than_s: float | None) -> int:

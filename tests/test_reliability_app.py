@@ -1,10 +1,11 @@
 """`python app.py` as a process: SIGTERM answers everyone and exits 0, an engine crash exits 1,
-a busy port is refused before the model loads, and a share link that can't be made is only a
-warning. The model is the toy one, slowed down so requests are in flight when it matters."""
+a busy port is refused before the model loads, a share link that can't be made is only a
+warning, and each studio keeps Gradio's temp files in a folder of its own. The model is the toy one, slowed down so requests are in flight when it matters."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import socket
@@ -45,10 +46,10 @@ raise SystemExit(app.main(sys.argv[2:]))
 
 
 class AppProcess:
-    def __init__(self, *args: str, step_delay_s: float = 0.05) -> None:
+    def __init__(self, *args: str, step_delay_s: float = 0.05, env: dict[str, str] | None = None) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-c", _LAUNCH, str(step_delay_s), "--model", "toy", "--preview-every", "0", *args],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
         )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -143,3 +144,29 @@ def test_a_whole_prompt_is_never_logged_in_one_line():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     (line,) = done.stderr.splitlines()
     assert len(line) < 2100 and line.endswith("... [86011 more characters]")
+
+
+def test_each_studio_keeps_its_gradio_files_in_its_own_folder_and_removes_it_at_exit(tmp_path):
+    """Two studios on one machine send the same image (same content, so the same hash-named
+    file in Gradio's cache): stopping one leaves the other's copy in place."""
+    shared = tmp_path / "gradio"
+    env = {"GRADIO_TEMP_DIR": str(shared)}
+    with app_process("--port", "0", env=env) as first, app_process("--port", "0", env=env) as second:
+        for studio in (first, second):
+            Client(studio.url(), verbose=False).predict(
+                prompt="a red circle", negative_prompt="", width=64, height=64, steps=2, guidance_scale=1.0,
+                seed=7, api_name="/generate")
+        folders = {studio: shared / next(p.name for p in shared.iterdir() if f"-{studio.process.pid}-" in p.name)
+                   for studio in (first, second)}
+        assert sorted(p.name for p in shared.iterdir()) == sorted(f.name for f in folders.values())
+        results = {studio: sorted(p.relative_to(folder) for p in folder.rglob("*") if p.is_file())
+                   for studio, folder in folders.items()}
+        assert results[first] and results[first] == results[second]  # the same hash-named files in each
+
+        first.process.send_signal(signal.SIGTERM)
+        assert first.wait() == 0, first.output
+        assert not folders[first].exists()
+        assert all((folders[second] / name).is_file() for name in results[second])
+        second.process.send_signal(signal.SIGTERM)
+        assert second.wait() == 0, second.output
+    assert list(shared.iterdir()) == []
