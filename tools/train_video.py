@@ -15,7 +15,7 @@ Stages (run in order; each resumes from its own periodic checkpoint in --work-di
                  --image-batch N adds N first frames per step, trained as one-frame videos (as Wan
                  trains on images beside videos): five times cheaper samples for the shapes.
                  A run is named (--run-name) and may start from another run's weights
-                 (--init-from), which is how the shipped model was made (two runs).
+                 (--init-from); the shipped model is one run, with image batches from step 0.
     export       write the WanPipeline folder (EMA weights, safetensors) + stepstudio.json.
 
 The trainer never sees the held-out split (tools/moving_shapes_world.py); only `ceiling`
