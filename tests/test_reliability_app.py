@@ -1,6 +1,7 @@
 """`python app.py` as a process: SIGTERM answers everyone and exits 0, an engine crash exits 1,
 a busy port is refused before the model loads, a share link that can't be made is only a
-warning, and each studio keeps Gradio's temp files in a folder of its own. The model is the toy one, slowed down so requests are in flight when it matters."""
+warning, and each studio keeps Gradio's temp files in a folder of its own. The model is the toy
+one, slowed down so requests are in flight when it matters."""
 
 from __future__ import annotations
 
