@@ -16,7 +16,8 @@ Stages (run in order; each resumes from its own periodic checkpoint in --work-di
                  trains on images beside videos): five times cheaper samples for the shapes.
                  A run is named (--run-name) and may start from another run's weights
                  (--init-from); the shipped model is one run, with image batches from step 0.
-    export       write the WanPipeline folder (EMA weights, safetensors) + stepstudio.json.
+    export       write the WanPipeline folder (safetensors) + stepstudio.json: the EMA weights, or
+                 the raw ones with --export-raw (the shipped model: its EMA lagged behind).
 
 The trainer never sees the held-out split (tools/moving_shapes_world.py); only `ceiling`
 renders it, to score the VAE. Each stage stops at its step count or its time budget, whichever
