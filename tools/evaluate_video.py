@@ -14,6 +14,7 @@ Deterministic image analysis, no learned model. Per clip:
 CLI (runs the stock diffusers WanPipeline with the model's serving defaults):
 
     python -m tools.evaluate_video --model assets/shapes-wan --split held-out --repeats 2
+    python -m tools.evaluate_video --split training --flow-shift 5   # try a sampler setting on seen prompts
     python -m tools.evaluate_video --model assets/shapes-wan --repeats 0 --contact-sheet assets/shapes-wan/contact_sheet.png
 """
 
@@ -233,6 +234,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="denoise steps (default: the model's)")
     parser.add_argument("--cfg", type=float, nargs="*", default=None, help="guidance scales (default: the model's)")
     parser.add_argument("--seed", type=int, default=1234, help="noise seed")
+    parser.add_argument("--flow-shift", type=float, default=None,
+                        help="the sampler's flow_shift (default: the model's scheduler config)")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--contact-sheet", type=Path, default=None,
@@ -246,8 +249,11 @@ def main() -> None:
     steps = args.steps or defaults["num_inference_steps"]
     scales = args.cfg if args.cfg else [defaults["guidance_scale"]]
     pipe = load_pipeline(args.model)
+    if args.flow_shift is not None:
+        pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, flow_shift=args.flow_shift)
     prompts = evaluation_prompts(args.split, args.repeats)
     print(f"model {args.model}, {args.split} split, {len(prompts)} clips, {steps} steps, "
+          f"flow_shift {pipe.scheduler.config.flow_shift:g}, "
           f"{defaults['num_frames']}x{defaults['height']}x{defaults['width']}, seed {args.seed}\n")
     print("| guidance | " + " | ".join(ATTRIBUTES) + " | s/clip |")
     print("|---|" + "---|" * (len(ATTRIBUTES) + 1))
