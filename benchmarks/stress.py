@@ -13,11 +13,19 @@ in this process. Each worker thread sends a random mix:
 - disconnects: an HTTP caller that hangs up mid-request, a page (Gradio queue stream) that
   closes mid-request;
 - injected faults: "[fail:<method>]" in each protocol method, "[nan]" latents;
-- hostile input: sizes over the limit, not a multiple of 8, zero steps, words for numbers.
+- hostile input: sizes over the limit, not a multiple of 8, zero steps, words for numbers;
+- hostile callers at Gradio's door: History listings with forged tokens (another caller's
+  session, its old-style key text, unsigned and re-signed tokens), call bodies nested 5,000 deep,
+  an empty session hash, crafted PNGs opened in the History tab (a zTXt bomb, not a PNG, a cut
+  PNG, a seed past 64 bits), workflows over the byte limit sent as objects, and one client's two
+  jobs on one endpoint with one of them cancelled (the other must still finish).
 
 Invariants (the run fails loudly if one breaks):
 
 - every call is answered (an HTTP status or a gradio result/error) within its timeout: 0 hangs;
+- every kind of call gets only the answers it should (EXPECTED): hostile input is refused (a 4xx
+  or gr.Error, never accepted, never a 5xx), a fault fails with its message, a forged History
+  token lists nothing, a cancelled job's sibling completes;
 - every request the engine accepted sent exactly one final event, and the engine's counters
   agree: submitted == completed + aborted + failed;
 - nothing is left in the engine: no request in flight, no request state, an empty queue view;
@@ -32,13 +40,18 @@ from __future__ import annotations
 
 import argparse
 import collections
+import io
+import logging
 import json
 import random
 import re
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -51,15 +64,34 @@ FAULTS = ("[fail:prepare_encode]", "[fail:denoise_step]", "[fail:step_scheduler]
 HOSTILE = (  # (field, value) for the gradio form; the HTTP API gets the same as a size or steps
     ("width", 4096), ("width", 63), ("height", 100_000), ("steps", 0), ("steps", 5000), ("width", "abc"),
 )
-KINDS = ("http", "http_disconnect", "gradio", "gradio_cancel", "gradio_disconnect", "fault", "hostile")
-WEIGHTS = (30, 8, 20, 10, 6, 14, 12)
+DOOR = ("forged_history", "deep_json", "empty_hash", "crafted_png", "big_workflow", "sibling_cancel")
+KINDS = ("http", "http_disconnect", "gradio", "gradio_cancel", "gradio_disconnect", "fault", "hostile") + DOOR
+WEIGHTS = (30, 8, 20, 10, 6, 14, 12) + (3, 2, 2, 3, 2, 3)
+# What each kind of call may be answered (by kind/via); anything else is a broken promise.
+EXPECTED = {
+    "http/http": {"completed"},
+    "gradio/gradio": {"completed"},
+    "http_disconnect/http": {"disconnected"},
+    "gradio_disconnect/gradio": {"disconnected"},
+    "gradio_cancel/gradio": {"aborted", "completed"},  # the cancel may come after the last step
+    "fault/http": {"failed"},
+    "fault/gradio": {"failed"},
+    "hostile/http": {"rejected"},
+    "hostile/gradio": {"rejected"},
+    "forged_history/gradio": {"listed nothing"},
+    "deep_json/gradio": {"rejected"},
+    "empty_hash/gradio": {"rejected"},
+    "crafted_png/gradio": {"rejected"},
+    "big_workflow/gradio": {"rejected"},
+    "sibling_cancel/gradio": {"completed"},
+}
 
 
 @dataclass
 class Outcome:
     kind: str
     via: str  # "http" | "gradio"
-    answer: str  # what the caller got: "completed", "rejected", "failed", "aborted", "disconnected", "hang", "wrong"
+    answer: str  # "completed", "rejected", "failed", "aborted", "disconnected", "listed nothing", "hang", "wrong"
     detail: str = ""
     seconds: float = 0.0
 
@@ -74,12 +106,49 @@ class Report:
     engine: dict = field(default_factory=dict)  # the engine's own counters at the end
     final_events_per_request: dict = field(default_factory=dict)  # how many final events -> how many requests
     rss_mb: dict = field(default_factory=dict)  # start, peak, end
+    tracebacks: dict = field(default_factory=dict)  # logged: "unexpected" (must be 0), "injected" (the faults'), examples
     crash: dict = field(default_factory=dict)
     problems: list = field(default_factory=list)  # broken invariants (empty = pass)
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+class TracebackCounter(logging.Handler):
+    """Counts the tracebacks the studio logs (through logging, or printed to stderr as Gradio
+    does), less those of the faults the run injects on purpose; keeps a few for the report.
+    Nothing is printed: the report says it all."""
+
+    INJECTED = ("injected failure in", "injected crash of the engine thread", "latents became NaN or infinite")
+    MARK = "Traceback (most recent call last)"
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.logged: list[str] = []
+        self.printed: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info:
+            self.logged.append(record.getMessage() + "\n" + "".join(traceback.format_exception(*record.exc_info)))
+
+    def stderr(self) -> io.TextIOBase:
+        """A stderr that keeps what is written to it (tracebacks arrive a line at a time)."""
+        printed = self.printed
+
+        class Kept(io.TextIOBase):
+            def write(self, text: str) -> int:
+                printed.append(text)
+                return len(text)
+
+        return Kept()
+
+    def tracebacks(self) -> tuple[list[str], int]:
+        """(the unexpected tracebacks, how many the injected faults made)."""
+        text = "".join(self.printed)
+        found = self.logged + [self.MARK + part for part in text.split(self.MARK)[1:]]
+        unexpected = [item[-600:] for item in found if not any(marker in item for marker in self.INJECTED)]
+        return unexpected, len(found) - len(unexpected)
 
 
 def rss_mb() -> float:
@@ -107,20 +176,21 @@ class RecordingEngine:
         engine.submit = recording_submit
 
 
-def start_studio(step_delay_s: float):
+def start_studio(step_delay_s: float, outputs: Path):
     from engine import Engine
     from pipelines.toy import ToyPipeline
     from studio.config import StudioOptions
     from studio.server import StudioServer, build_app
 
+    # Results are saved (under each caller's key), so a forged History token has something to find.
     config = StudioOptions(model="toy", port=0, preview_every=2, max_size=64, max_steps=50, max_per_session=64,
-                           max_session_cost=None, shutdown_timeout_s=5.0)
+                           max_session_cost=None, shutdown_timeout_s=5.0, outputs=str(outputs))
     engine = Engine(ToyPipeline(step_delay_s=step_delay_s), mode="step", max_batch_requests=8, limits=config.limits)
     recorder = RecordingEngine(engine)
     engine.start()
     app = build_app(engine, config)
     server = StudioServer(app, "127.0.0.1", 0).start()
-    return server, engine, recorder, generate_endpoint(app.state.demo)
+    return server, engine, recorder, Endpoints.of(app.state.demo)
 
 
 @dataclass(frozen=True)
@@ -129,10 +199,20 @@ class Endpoint:
     defaults: tuple  # one value per input, as the page would send it
 
 
-def generate_endpoint(demo) -> Endpoint:
-    """/generate's fn_index and its inputs' default values (a raw call sends one per input)."""
-    index, fn = next((i, fn) for i, fn in demo.fns.items() if fn.api_name == "generate")
-    return Endpoint(index, tuple(getattr(block, "value", None) for block in fn.inputs))
+@dataclass(frozen=True)
+class Endpoints:
+    generate: Endpoint
+    history_refresh: Endpoint  # the History tab's listing (a private event a page calls by fn_index)
+    history_open: Endpoint  # the History tab's "Open a PNG"
+
+    @classmethod
+    def of(cls, demo) -> "Endpoints":
+        def endpoint(api_name: str) -> Endpoint:
+            """An event's fn_index and its inputs' default values (a raw call sends one per input)."""
+            index, fn = next((i, fn) for i, fn in demo.fns.items() if fn.api_name == api_name)
+            return Endpoint(index, tuple(getattr(block, "value", None) for block in fn.inputs))
+
+        return cls(endpoint("generate"), endpoint("ui_history_refresh"), endpoint("ui_history_open"))
 
 
 # ---------------------------------------------------------------------------- callers
@@ -234,27 +314,145 @@ def call_gradio_disconnect(url: str, rng: random.Random, endpoint: Endpoint) -> 
     return Outcome("gradio_disconnect", "gradio", "disconnected")
 
 
-def worker(url: str, endpoint: Endpoint, count: int, seed: int, outcomes: list, lock: threading.Lock) -> None:
+# ---------------------------------------------------------------------------- hostile callers at Gradio's door
+def queue_call(http, endpoint: Endpoint, data: list, session: str) -> tuple[int, dict | None]:
+    """A page's call through Gradio's queue: (the join's status, the completion message or None)."""
+    joined = http.post("gradio_api/queue/join", json={"data": data, "fn_index": endpoint.fn_index,
+                                                      "session_hash": session, "event_data": None,
+                                                      "trigger_id": None})
+    if joined.status_code != 200:
+        return joined.status_code, None
+    with http.stream("GET", "gradio_api/queue/data", params={"session_hash": session}) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data:"):
+                message = json.loads(line[5:])
+                if message.get("msg") == "process_completed":
+                    return 200, message
+    return 200, None
+
+
+def forged_tokens(rng: random.Random) -> list[object]:
+    """Tokens a stranger could try for an HTTP caller's (predictable) session or anyone's."""
+    session = rng.choice(["http:host:127.0.0.1", "http:key:alice"])
+    nonce = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789_-") for _ in range(32))
+    return ["session\0" + session, session, nonce, nonce + ".c2lnbmF0dXJl", "", "A" * 32]
+
+
+def crafted_pngs() -> dict[str, bytes]:
+    """Files a stranger could offer the History tab as PNGs, by what is wrong with them."""
+    import io
+    import struct
+    import zlib
+
+    from PIL import Image
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buffer, "PNG")
+    plain = buffer.getvalue()
+    pixels = plain.index(b"IDAT") - 4
+    bomb = chunk(b"zTXt", b"parameters\0\0" + zlib.compress(b"a" * (16 << 20), 9))  # 16 MiB of text in 16 KiB
+    return {
+        "a zTXt bomb": plain[:pixels] + bomb + plain[pixels:],
+        "not a PNG": b"GIF89a this is not a png at all",
+        "a PNG cut inside its header": plain[:20],
+        "a PNG cut inside a chunk": plain[:pixels + 6],
+    }
+
+
+def crafted_png(rng: random.Random) -> tuple[str, bytes]:
+    return rng.choice(sorted(crafted_pngs().items()))
+
+
+def call_door(url: str, client, rng: random.Random, kind: str, endpoints: Endpoints) -> Outcome:
+    import httpx
+
+    session = f"door-{rng.getrandbits(64):x}"
+    with httpx.Client(base_url=url, timeout=CALL_TIMEOUT_S) as http:
+        if kind == "forged_history":
+            for token in forged_tokens(rng):
+                status, done = queue_call(http, endpoints.history_refresh, [token], session)
+                if status != 200 or done is None or not done.get("success"):
+                    return Outcome(kind, "gradio", "wrong", f"{status} {str(done)[:100]}")
+                if done["output"]["data"][0]:
+                    return Outcome(kind, "gradio", "wrong", f"token {token!r:.40} listed {len(done['output']['data'][0])}")
+            return Outcome(kind, "gradio", "listed nothing")
+        if kind == "deep_json":
+            depth = 5000
+            body = ('{"data": ' + "[" * depth + "]" * depth + f', "fn_index": {endpoints.generate.fn_index}, '
+                    f'"session_hash": "{session}"}}')
+            path = rng.choice(["gradio_api/queue/join", "gradio_api/run/generate", "gradio_api/call/generate"])
+            answer = http.post(path, content=body, headers={"content-type": "application/json"})
+            return Outcome(kind, "gradio", _classify_http(answer.status_code, answer.text), f"{path} {answer.status_code}")
+        if kind == "empty_hash":
+            data = list(endpoints.generate.defaults)
+            answer = http.post("gradio_api/queue/join", json={"data": data, "fn_index": endpoints.generate.fn_index,
+                                                              "session_hash": rng.choice(["", None, 7])})
+            return Outcome(kind, "gradio", _classify_http(answer.status_code, answer.text), str(answer.status_code))
+        if kind == "crafted_png":
+            which, content = crafted_png(rng)
+            uploaded = http.post("gradio_api/upload", files={"files": ("crafted.png", content, "image/png")})
+            if uploaded.status_code != 200:
+                return Outcome(kind, "gradio", "wrong", f"upload {uploaded.status_code}")
+            file = {"path": uploaded.json()[0], "meta": {"_type": "gradio.FileData"}}
+            status, done = queue_call(http, endpoints.history_open, [file], session)
+            refused = done is not None and not done.get("success") and "read as a PNG" in str(done["output"].get("error"))
+            return Outcome(kind, "gradio", "rejected" if refused else "wrong", f"{which}: {str(done)[:100]}")
+    if kind == "big_workflow":
+        from gradio_client.exceptions import AppError
+
+        workflow = {"version": 1, "nodes": [{"id": "1", "type": "prompt", "values": {"text": "x" * (2 << 20)}}],
+                    "links": []}
+        try:
+            client.predict(workflow, api_name="/run_workflow")
+        except AppError as error:
+            return Outcome(kind, "gradio", "rejected" if "bytes" in str(error) else "wrong", str(error)[:120])
+        return Outcome(kind, "gradio", "wrong", "a workflow over the byte limit ran")
+    if kind == "sibling_cancel":
+        arguments = dict(prompt=f"sibling {rng.random():.6f}", negative_prompt="", width=32, height=32,
+                         steps=rng.randint(10, 30), guidance_scale=1.0, seed=-1)
+        cancelled = client.submit(**{**arguments, "steps": 50}, api_name="/generate")
+        sibling = client.submit(**arguments, api_name="/generate")
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        while not cancelled.outputs() and not cancelled.done() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        cancelled.cancel()
+        try:
+            status = sibling.result(timeout=CALL_TIMEOUT_S)[0]
+        except TimeoutError:
+            return Outcome(kind, "gradio", "hang", "the sibling of a cancelled job never finished")
+        return Outcome(kind, "gradio", "completed" if status["state"] == "completed" else "wrong", status["state"])
+    raise ValueError(f"not a door kind: {kind}")
+
+
+def worker(url: str, endpoints: Endpoints, count: int, seed: int, first: tuple[str, ...], outcomes: list,
+           lock: threading.Lock) -> None:
+    """`count` calls: first the kinds in `first` (so every kind is in even a short run), then a random mix."""
     from gradio_client import Client
 
     rng = random.Random(seed)
     client = Client(url, verbose=False)
-    for _ in range(count):
-        kind = rng.choices(KINDS, WEIGHTS)[0]
+    for number in range(count):
+        kind = first[number] if number < len(first) else rng.choices(KINDS, WEIGHTS)[0]
         via_gradio = kind.startswith("gradio") or (kind in ("fault", "hostile") and rng.random() < 0.5)
         started = time.monotonic()
         try:
             if kind == "http_disconnect":
                 outcome = call_http_disconnect(url, rng)
             elif kind == "gradio_disconnect":
-                outcome = call_gradio_disconnect(url, rng, endpoint)
+                outcome = call_gradio_disconnect(url, rng, endpoints.generate)
+            elif kind in DOOR:
+                outcome = call_door(url, client, rng, kind, endpoints)
             elif via_gradio:
                 outcome = call_gradio(client, rng, kind)
             else:
                 outcome = call_http(url, rng, kind)
         except Exception as error:  # noqa: BLE001 - a timeout or a broken answer: recorded, never raised
             answer = "hang" if "timeout" in type(error).__name__.lower() or "Timeout" in str(error) else "wrong"
-            outcome = Outcome(kind, "gradio" if via_gradio else "http", answer, f"{type(error).__name__}: {error}"[:160])
+            via = "gradio" if via_gradio or kind in DOOR else "http"
+            outcome = Outcome(kind, via, answer, f"{type(error).__name__}: {error}"[:160])
         outcome.seconds = time.monotonic() - started
         with lock:
             outcomes.append(outcome)
@@ -304,11 +502,22 @@ def crash_phase(url: str, engine, server) -> dict:
 # ---------------------------------------------------------------------------- the run
 def run(requests: int = 1000, workers: int = 16, seed: int = 0, step_delay_s: float = 0.002,
         crash: bool = True) -> Report:
-    import logging
+    # Every traceback the studio logs is counted (the injected faults' apart) instead of printed.
+    counter, root = TracebackCounter(), logging.getLogger()
+    handlers, level, stderr = root.handlers[:], root.level, sys.stderr
+    root.handlers, sys.stderr = [counter], counter.stderr()
+    root.setLevel(logging.WARNING)
+    try:
+        return _run(requests, workers, seed, step_delay_s, crash, counter)
+    finally:
+        root.handlers, sys.stderr = handlers, stderr
+        root.setLevel(level)
 
-    logging.disable(logging.CRITICAL)  # injected faults log tracebacks by design; the report says it all
+
+def _run(requests: int, workers: int, seed: int, step_delay_s: float, crash: bool, counter: TracebackCounter) -> Report:
     report = Report(requests=requests, workers=workers)
-    server, engine, recorder, endpoint = start_studio(step_delay_s)
+    outputs = Path(tempfile.mkdtemp(prefix="stepstudio-stress-"))
+    server, engine, recorder, endpoints = start_studio(step_delay_s, outputs)
     report.rss_mb["start"] = round(rss_mb(), 1)
     peak = [report.rss_mb["start"]]
     sampling = threading.Event()
@@ -326,7 +535,8 @@ def run(requests: int = 1000, workers: int = 16, seed: int = 0, step_delay_s: fl
     lock = threading.Lock()
     shares = [requests // workers + (1 if i < requests % workers else 0) for i in range(workers)]
     started = time.monotonic()
-    threads = [threading.Thread(target=worker, args=(server.url, endpoint, n, seed * 1000 + i, outcomes, lock))
+    threads = [threading.Thread(target=worker, args=(server.url, endpoints, n, seed * 1000 + i, KINDS[i::workers],
+                                                     outcomes, lock))
                for i, n in enumerate(shares)]
     for thread in threads:
         thread.start()
@@ -352,7 +562,11 @@ def run(requests: int = 1000, workers: int = 16, seed: int = 0, step_delay_s: fl
     else:
         server.stop()
     engine.close()
-    logging.disable(logging.NOTSET)
+    shutil.rmtree(outputs, ignore_errors=True)
+    unexpected, injected = counter.tracebacks()
+    report.tracebacks = {"unexpected": len(unexpected), "injected": injected, "examples": unexpected[:3]}
+    if unexpected:
+        report.problems.append(f"{len(unexpected)} tracebacks in the log: {unexpected[:2]}")
     return report
 
 
@@ -366,6 +580,11 @@ def check_invariants(report: Report, outcomes: list, engine, recorder, requests:
         if report.answers.get(answer):
             examples = [o.detail for o in outcomes if o.answer == answer][:3]
             problems.append(f"{report.answers[answer]} calls got '{answer}': {examples}")
+    for kind, counts in report.by_kind.items():
+        unexpected = {answer: n for answer, n in counts.items() if answer not in EXPECTED[kind] | {"hang", "wrong"}}
+        if unexpected:
+            examples = [o.detail for o in outcomes if f"{o.kind}/{o.via}" == kind and o.answer in unexpected][:3]
+            problems.append(f"{kind} calls got {unexpected}, expected only {sorted(EXPECTED[kind])}: {examples}")
     metric = engine.metrics.registry.get_sample_value
     finished = {s: metric("stepstudio_requests_finished_total", {"status": s}) for s in ("completed", "aborted", "error")}
     submitted = metric("stepstudio_requests_submitted_total")

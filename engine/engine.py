@@ -175,9 +175,15 @@ class Engine:
         self._limits[model].check(params)
         return params
 
-    def submit(self, params: GenerationParams, session_id: str = "default") -> RequestHandle:
+    def submit(self, params: GenerationParams, session_id: str = "default", *,
+               from_waiting_queue: bool = False) -> RequestHandle:
         """Queue a request; returns at once. Raises ValueError for bad parameters and
-        AdmissionError (QueueFullError, SessionLimitError, EngineClosedError) when full or closed."""
+        AdmissionError (QueueFullError, SessionLimitError, EngineClosedError) when full or closed.
+
+        `from_waiting_queue=True`: the caller holds the request in its own queue and submits it
+        again when there is room (a workflow run's waiting branches). A QueueFullError or
+        SessionLimitError then means "still waiting", not a refused call, so it is not counted
+        in `stepstudio_requests_rejected_total`."""
         try:
             params = self.prepare_params(params)
             batch_key = self._batch_key(params)
@@ -198,7 +204,7 @@ class Engine:
             submitted_at=time.perf_counter(),
         )
         with self._lock:
-            self._admit_or_raise(request)
+            self._admit_or_raise(request, count_no_room=not from_waiting_queue)
             self._in_flight[request_id] = request
             self._count_by_session[session_id] += 1
             self._cost_by_session[session_id] += cost.total
@@ -271,20 +277,30 @@ class Engine:
         pipeline = self.models[params.model]
         return request_cost(pipeline, pipeline.info, params)
 
-    def _admit_or_raise(self, request: Request) -> None:
-        """Admission control (under the lock): closed, queue, per-session count and cost."""
-        session = request.session_id
+    def _admit_or_raise(self, request: Request, count_no_room: bool = True) -> None:
+        """Admission control (under the lock): closed, queue, per-session count and cost. Each
+        refusal is counted once; `count_no_room=False` leaves the no-room ones (queue, session)
+        uncounted, for a caller that keeps the request waiting."""
         if self._closed:
             self.metrics.requests_rejected.labels("closed").inc()
             if self._failure is not None:
                 raise EngineFailedError(f"{self._failure}; no new requests are accepted.")
             raise EngineClosedError("the engine is shutting down; no new requests are accepted.")
+        try:
+            self._check_room(request)
+        except (QueueFullError, SessionLimitError) as refusal:
+            if count_no_room:
+                reason = "queue_full" if isinstance(refusal, QueueFullError) else "session_limit"
+                self.metrics.requests_rejected.labels(reason).inc()
+            raise
+
+    def _check_room(self, request: Request) -> None:
+        """QueueFullError or SessionLimitError when the queue or the request's session is full (under the lock)."""
+        session = request.session_id
         if len(self._in_flight) >= self.limits.max_queue:
-            self.metrics.requests_rejected.labels("queue_full").inc()
             raise QueueFullError(f"the queue is full ({self.limits.max_queue} requests in flight); try again shortly.")
         in_flight = self._count_by_session[session]
         if in_flight >= self.limits.max_per_session:
-            self.metrics.requests_rejected.labels("session_limit").inc()
             raise SessionLimitError(
                 f"this session already has {in_flight} requests in flight "
                 f"(limit {self.limits.max_per_session}); wait for one to finish or cancel one."
@@ -294,7 +310,6 @@ class Engine:
             held = self._cost_by_session[session] / self.unit_cost
             wanted = request.cost.total / self.unit_cost
             if held + wanted > limit:
-                self.metrics.requests_rejected.labels("session_limit").inc()
                 raise SessionLimitError(
                     f"this session's requests in flight already cost {held:.1f} default requests and this one "
                     f"costs {wanted:.1f} (rows x tokens x steps); the limit is {limit:g}: wait for one to finish "

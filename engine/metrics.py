@@ -18,11 +18,21 @@ class EngineMetrics:
         )
         self.requests_submitted = Counter("stepstudio_requests_submitted", "Requests accepted into the queue", registry=r)
         self.requests_rejected = Counter(
-            "stepstudio_requests_rejected", "Submissions refused before queueing", ["reason"], registry=r
+            "stepstudio_requests_rejected",
+            "Submissions refused before queueing, once per refused call (a workflow run's branch waiting for room is "
+            "not one: see stepstudio_workflow_branches_waiting)",
+            ["reason"],
+            registry=r,
         )
         self.errors = Counter("stepstudio_errors", "Requests ended by an error, by failing stage", ["stage"], registry=r)
         self.queue_depth = Gauge("stepstudio_queue_depth", "Requests waiting to be admitted", registry=r)
         self.running = Gauge("stepstudio_running_requests", "Requests admitted and not finished", registry=r)
+        # Set by the studio's workflow runs (studio/workflow_run.py), which submit through this engine.
+        self.branches_waiting = Gauge(
+            "stepstudio_workflow_branches_waiting",
+            "Workflow branches waiting in their run's own queue for room in their session (not yet submitted)",
+            registry=r,
+        )
         self.batch_size = Histogram(
             "stepstudio_batch_size",
             "Requests per model forward (a request with true CFG puts 2 rows in it: see stepstudio_forward_rows)",

@@ -7,10 +7,11 @@
     engine.snapshot(), engine.metrics.exposition()  # every replica (serve/board.py)
     engine.close()                                  # the replicas keep running: Serve owns them
 
-The studio calls `submit`, `cancel`, `prepare_params`, `snapshot`, `info`, `infos`, `limits`,
-`limits_for`, `models` (names, default, resolve, and each model's `unknown_words`), `pipeline`,
-`mode`, `max_batch`, `metrics`, `is_alive`, `failure`, `shutdown` and `wait_stopped`; they behave
-as on one engine, with these differences:
+The studio calls `submit` (`from_waiting_queue=True` for a workflow run's branches), `cancel`,
+`prepare_params`, `snapshot`, `info`, `infos`, `limits`, `limits_for`, `models` (names, default,
+resolve, and each model's `unknown_words`), `pipeline`, `mode`, `max_batch`, `metrics`
+(`exposition()`, and the `branches_waiting` gauge that workflow runs set), `is_alive`, `failure`,
+`shutdown` and `wait_stopped`; they behave as on one engine, with these differences:
 
 - `submit` and `prepare_params` cost one round trip to a replica (it checks the parameters
   with its model and computes the batch key the router needs); a ValueError or AdmissionError
@@ -120,6 +121,12 @@ class ReplicatedMetrics:
             registry=r)
         for reason in ("invalid", "queue_full", "session_limit", "closed", "unavailable"):
             self.requests_rejected.labels(reason)
+        # The studio's workflow runs set it, as on one engine; named apart from the replicas' own
+        # (always 0: runs live in the studio), which /metrics carries too.
+        self.branches_waiting = Gauge(
+            "stepstudio_replicated_workflow_branches_waiting",
+            "Workflow branches waiting in their run's own queue for room in their session (not yet submitted)",
+            registry=r)
         self.relay_seconds = Histogram(
             "stepstudio_relay_seconds", "A replica's progress event, from its engine to this studio (Ray's stream)",
             buckets=RELAY_BUCKETS, registry=r)
@@ -255,18 +262,21 @@ class ReplicatedEngine:
         """Model defaults, a seed, the model's and the server's limits (ValueError), by a replica."""
         return self._prepared(params).params
 
-    def submit(self, params: GenerationParams, session_id: str = "default") -> RequestHandle:
+    def submit(self, params: GenerationParams, session_id: str = "default", *,
+               from_waiting_queue: bool = False) -> RequestHandle:
         """Queue a request on the replica the router picks; returns once the studio's admission
-        took it. ValueError for bad parameters, AdmissionError when full or closed."""
+        took it. ValueError for bad parameters, AdmissionError when full or closed.
+        `from_waiting_queue=True`: as on `Engine.submit`, a refusal for want of room (here also
+        "no replica is up") means the caller's request keeps waiting and is not counted."""
         if self._closed:
             self.metrics.requests_rejected.labels("closed").inc()
             raise EngineClosedError("the studio is shutting down; no new requests are accepted.")
-        prepared = self._prepared(params)
+        prepared = self._prepared(params, count_unavailable=not from_waiting_queue)
         handle = RequestHandle(request_id=uuid.uuid4().hex, session_id=session_id, params=prepared.params,
                                _cancel=self.cancel)
         flight = _Flight(handle, prepared, prepared.cost)
         with self._lock:
-            self._admit_or_raise(flight)
+            self._admit_or_raise(flight, count_no_room=not from_waiting_queue)
             self._flights[flight.request_id] = flight
             self._count_by_session[session_id] += 1
             self._cost_by_session[session_id] += flight.cost
@@ -319,16 +329,18 @@ class ReplicatedEngine:
         return self._stopped.wait(timeout)
 
     # ------------------------------------------------------------------ admission (callers' threads)
-    def _prepared(self, params: GenerationParams) -> Prepared:
+    def _prepared(self, params: GenerationParams, count_unavailable: bool = True) -> Prepared:
         if self._description is not None and self._board.live_count == 0:
             # Fail fast: the caller may be the studio's event loop, blocked while it waits.
-            self.metrics.requests_rejected.labels("unavailable").inc()
+            if count_unavailable:
+                self.metrics.requests_rejected.labels("unavailable").inc()
             raise ReplicasUnavailableError("no engine replica is up right now (Serve is starting new ones); "
                                            "try again shortly.")
         try:
             answer = self._call(lambda: self._handle.prepare.remote(params), self.call_timeout_s)
         except (TimeoutError, RayActorError, DeploymentUnavailableError) as error:
-            self.metrics.requests_rejected.labels("unavailable").inc()
+            if count_unavailable:
+                self.metrics.requests_rejected.labels("unavailable").inc()
             raise ReplicasUnavailableError(
                 f"no engine replica answered within {self.call_timeout_s:g} s ({type(error).__name__}); "
                 "try again shortly.") from None
@@ -337,19 +349,28 @@ class ReplicatedEngine:
             raise answer.as_error()
         return answer
 
-    def _admit_or_raise(self, flight: _Flight) -> None:
-        """The engine's admission rules, counted over every replica (under the lock)."""
-        limits, session = self.limits, flight.session_id
+    def _admit_or_raise(self, flight: _Flight, count_no_room: bool = True) -> None:
+        """The engine's admission rules, counted over every replica (under the lock). Each refusal
+        is counted once; `count_no_room=False` leaves the no-room ones uncounted, as on the engine."""
         if self._closed:
             self.metrics.requests_rejected.labels("closed").inc()
             raise EngineClosedError("the studio is shutting down; no new requests are accepted.")
+        try:
+            self._check_room(flight)
+        except (QueueFullError, SessionLimitError) as refusal:
+            if count_no_room:
+                reason = "queue_full" if isinstance(refusal, QueueFullError) else "session_limit"
+                self.metrics.requests_rejected.labels(reason).inc()
+            raise
+
+    def _check_room(self, flight: _Flight) -> None:
+        """QueueFullError or SessionLimitError when the queue or the flight's session is full (under the lock)."""
+        limits, session = self.limits, flight.session_id
         capacity = limits.max_queue * max(1, self._board.live_count)
         if len(self._flights) >= capacity:
-            self.metrics.requests_rejected.labels("queue_full").inc()
             raise QueueFullError(f"the queue is full ({capacity} requests in flight); try again shortly.")
         in_flight = self._count_by_session[session]
         if in_flight >= limits.max_per_session:
-            self.metrics.requests_rejected.labels("session_limit").inc()
             raise SessionLimitError(
                 f"this session already has {in_flight} requests in flight "
                 f"(limit {limits.max_per_session}); wait for one to finish or cancel one.")
@@ -358,7 +379,6 @@ class ReplicatedEngine:
             held = self._cost_by_session[session] / self.unit_cost
             wanted = flight.cost / self.unit_cost
             if held + wanted > limit:
-                self.metrics.requests_rejected.labels("session_limit").inc()
                 raise SessionLimitError(
                     f"this session's requests in flight already cost {held:.1f} default requests and this one "
                     f"costs {wanted:.1f} (rows x tokens x steps); the limit is {limit:g}: wait for one to finish "

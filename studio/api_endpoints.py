@@ -31,7 +31,6 @@ from studio.config import StudioOptions
 from studio.media import animated_gif, model_fps
 from studio.outputs import OutputStore, save_quietly
 from studio.queue_view import snapshot_as_dict
-from studio.workflow_ui import owner_for
 
 PREVIEW_DIR = Path(tempfile.gettempdir()) / "stepstudio-previews"
 
@@ -87,7 +86,7 @@ def _wire_generate(engine: Engine, config: StudioOptions, store: OutputStore, ex
                     outputs[preview] = _preview(event.preview, config, update.status.request_id)
                 elif isinstance(event, Completed):
                     outputs[media] = final_media(event, fps=model_fps(engine.infos[event.params.model]))
-                    await save_quietly(store, event, owner_for(None, session))
+                    await save_quietly(store, event, store.owners.of_caller(session))
                 yield outputs
                 if isinstance(event, Failed):
                     raise user_error(event.message, "Generation failed")

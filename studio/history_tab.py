@@ -1,7 +1,8 @@
 """The History tab: a browser's saved results after any reload, newest first, and their settings.
 
-The browser keeps a random token (`gr.BrowserState`, made on its first visit); results are saved
-under a hash of it (studio.outputs), so a reload, or a new tab of the same browser, finds them.
+The browser keeps a token this server signed (`gr.BrowserState`, issued on its first visit);
+results are filed under a key derived from it (studio.history_owners), so a reload, or a new tab of
+the same browser, finds them, and a token the server did not sign lists nothing.
 Selecting one shows its `parameters` text; "Use these settings again" fills the Simple tab's
 form, "Open its workflow" loads the workflow it came from into the editor. A PNG from anywhere
 (ours, or AUTOMATIC1111's) can be opened the same way.
@@ -9,8 +10,6 @@ form, "Open its workflow" loads the workflow it came from into the editor. A PNG
 
 from __future__ import annotations
 
-import json
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,18 +18,28 @@ from PIL import Image
 
 from engine import Engine
 from studio.bridge import user_error
-from studio.outputs import OutputStore, SavedOutput, owner_key, parse_infotext, png_texts
-from studio.simple_tab import ModelForm, SimpleForm
+from studio.history_owners import is_legacy_token, legacy_owner_key
+from studio.outputs import OutputStore, SavedOutput, UnreadablePng, parse_infotext, png_texts
+from studio.simple_tab import GUIDANCE_RANGE, ModelForm, SimpleForm
+from studio.workflow import WorkflowError, parse_workflow
 
-TOKEN_MIN_CHARS = 16
 SHOWN = 60  # newest results shown
 
 
-def fresh_token(token: object) -> str:
-    """The browser's token, or a new random one on its first visit."""
-    if isinstance(token, str) and len(token) >= TOKEN_MIN_CHARS:
+def fresh_token(store: OutputStore, token: object) -> str:
+    """The browser's token when this server signed it, else a new one. A token from before tokens
+    were signed (32 random characters) is exchanged once, and its results move with it."""
+    if store.owners.verified(token) is not None:
         return token
-    return secrets.token_urlsafe(24)
+    fresh = store.owners.issue()
+    if is_legacy_token(token):
+        store.adopt(legacy_owner_key(token), store.owners.of_browser(fresh))
+    return fresh
+
+
+def _within(value, lowest, highest):
+    """A saved value moved into the form's range (a PNG from elsewhere may say anything)."""
+    return min(max(value, lowest), highest)
 
 
 def settings_update(settings: dict, engine: Engine) -> list:
@@ -38,17 +47,19 @@ def settings_update(settings: dict, engine: Engine) -> list:
     model's defaults; a model no longer loaded: the default model)."""
     model = settings.get("model") if settings.get("model") in engine.models.names else engine.models.default
     defaults = engine.infos[model].defaults
-    card_sizes = ModelForm.of(engine, model).sizes  # the size dropdown's choices
-    size = f"{settings.get('width', defaults.width)}x{settings.get('height', defaults.height)}"
+    card = ModelForm.of(engine, model)  # the form's choices and ranges for this model
+    width, height = (_within(settings.get(side, default), *card.size_range)
+                     for side, default in (("width", defaults.width), ("height", defaults.height)))
+    size = f"{width}x{height}"
     return [
         model,
         settings.get("prompt", ""),
         settings.get("negative_prompt", defaults.negative_prompt or ""),
-        size if size in card_sizes else (card_sizes[0] if card_sizes else None),
-        settings.get("width", defaults.width),
-        settings.get("height", defaults.height),
-        settings.get("num_inference_steps", defaults.num_inference_steps),
-        settings.get("guidance_scale", defaults.guidance_scale),
+        size if size in card.sizes else (card.sizes[0] if card.sizes else None),
+        width,
+        height,
+        _within(settings.get("num_inference_steps", defaults.num_inference_steps), 1, card.max_steps),
+        _within(settings.get("guidance_scale", defaults.guidance_scale), *GUIDANCE_RANGE),
         settings.get("scheduler") or "",
         settings.get("num_frames", defaults.num_frames),
         "seed" not in settings,  # a known seed is reused as it is
@@ -84,6 +95,13 @@ def build_history_tab(store: OutputStore) -> HistoryTab:
     return HistoryTab(refresh, gallery, details, use_settings, open_workflow, upload, gr.State([]), gr.State(None))
 
 
+def _texts(path: Path | str) -> dict[str, str]:
+    try:
+        return png_texts(path)
+    except UnreadablePng as error:
+        raise user_error(str(error), "Not a readable PNG") from None
+
+
 def _thumbnail(item: SavedOutput) -> Image.Image:
     with Image.open(item.poster or item.path) as image:
         return image.convert("RGB")
@@ -95,27 +113,28 @@ def wire_history_tab(engine: Engine, store: OutputStore, tab: HistoryTab, page: 
     """`page` is the tab that holds it: opening it lists what was made since the last listing."""
 
     def listing(token: str) -> dict:
-        items = store.history(owner_key(token))[:SHOWN] if isinstance(token, str) and token else []
+        owner = store.owners.of_browser(token)  # None for a token this server did not sign
+        items = store.history(owner)[:SHOWN] if owner else []
         captions = [f"{item.settings.get('prompt', '')[:40]} · seed {item.settings.get('seed', '?')}" for item in items]
         return {tab.gallery: [(_thumbnail(item), caption) for item, caption in zip(items, captions)],
                 tab.items: [item.__dict__ for item in items]}
 
     def start(token: str) -> dict:
-        token = fresh_token(token)
+        token = fresh_token(store, token)
         return {browser_token: token, **listing(token)}
 
     def select(items: list, event: gr.SelectData) -> dict:
         item = items[event.index] if 0 <= event.index < len(items) else None
         if item is None:
             return {tab.selected: None, tab.details: "", tab.open_workflow: gr.update(visible=False)}
-        texts = png_texts(item["poster"] or item["path"])
+        texts = _texts(item["poster"] or item["path"])
         return {tab.selected: {"settings": item["settings"], "workflow": texts.get("workflow")},
                 tab.details: item["parameters"], tab.open_workflow: gr.update(visible=item["has_workflow"])}
 
     def opened(path: str | None) -> dict:
         if not path:
             return {tab.selected: None, tab.details: ""}
-        texts = png_texts(Path(path))
+        texts = _texts(Path(path))
         if "parameters" not in texts:
             raise user_error("This PNG carries no settings (no 'parameters' text).", "No settings found")
         return {tab.selected: {"settings": parse_infotext(texts["parameters"]), "workflow": texts.get("workflow")},
@@ -129,8 +148,11 @@ def wire_history_tab(engine: Engine, store: OutputStore, tab: HistoryTab, page: 
     def open_in_editor(selected: dict | None) -> list:
         if not selected or not selected.get("workflow"):
             raise user_error("This result was not made from a workflow.", "No workflow")
-        workflow = json.loads(selected["workflow"])
-        return [gr.update(value=json.dumps(workflow)), gr.Tabs(selected="workflow")]
+        try:
+            parse_workflow(selected["workflow"])  # a PNG from elsewhere may carry anything as 'workflow'
+        except WorkflowError as error:
+            raise user_error(f"This PNG's workflow can't be opened: {error}", "Not a workflow") from None
+        return [gr.update(value=selected["workflow"]), gr.Tabs(selected="workflow")]
 
     private = {"api_visibility": "private", "show_progress": "hidden"}
     listed = [tab.gallery, tab.items]

@@ -8,8 +8,9 @@ Images are PNGs carrying a `parameters` text chunk in AUTOMATIC1111's format (re
 tools that read those) and, when they came from the node editor, a `workflow` chunk with the
 workflow JSON (dropping such a PNG onto the editor loads it). Videos are MP4s with a PNG poster
 frame beside them that carries the same chunks. Every save appends one line to its owner's
-history file, which the History view reads; the owner is a hash of the browser's own random
-token, so a reload finds its results and nobody can list another browser's.
+history file, which the History view reads; owner keys come from `studio.history_owners` (a
+browser's signed token, or an API caller's session, under the server's secret), so a reload finds
+its results and nobody can list another caller's.
 
 Layout: <folder>/<YYYY-MM-DD>/<NNNNN>-<seed>.png   (NNNNN counts up within the day)
         <folder>/history/<owner>.jsonl             (one saved result per line)
@@ -18,25 +19,31 @@ Layout: <folder>/<YYYY-MM-DD>/<NNNNN>-<seed>.png   (NNNNN counts up within the d
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import logging
 import json
+import math
 import re
+import struct
 import threading
 import time
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from PIL import Image
+from PIL import PngImagePlugin
 from PIL.PngImagePlugin import PngInfo
 
 from engine import Completed, GenerationParams
+from pipelines.params import MAX_FRAMES_ABSOLUTE, MAX_SEED, MAX_SIZE_ABSOLUTE, MAX_STEPS_ABSOLUTE, MIN_SIZE
+from studio.history_owners import HistoryOwners, is_owner_key
 
 HISTORY_FOLDER = "history"
 log = logging.getLogger(__name__)
 HISTORY_LIMIT = 200
+MAX_GUIDANCE_TEXT = 1000.0  # a CFG scale read from a PNG's text beyond this is left out
 
 
 # ---------------------------------------------------------------------------- infotext
@@ -84,20 +91,23 @@ def parse_infotext(text: str) -> dict[str, Any]:
         settings["negative_prompt"] = "\n".join(negative_lines).strip()
     pairs = {key.strip(): value.strip() for key, value in _PAIR.findall(last)}
     pairs = {key: json.loads(value) if value.startswith('"') else value for key, value in pairs.items()}
-    converters: dict[str, tuple[str, Callable]] = {
-        "Steps": ("num_inference_steps", int), "CFG scale": ("guidance_scale", float), "Seed": ("seed", int),
-        "Frames": ("num_frames", int),
+    # A value outside what a request may carry is left out (the form keeps its default): a PNG
+    # from elsewhere may say anything, e.g. a seed past 64 bits.
+    converters: dict[str, tuple[str, Callable, float, float]] = {
+        "Steps": ("num_inference_steps", int, 1, MAX_STEPS_ABSOLUTE),
+        "CFG scale": ("guidance_scale", float, -MAX_GUIDANCE_TEXT, MAX_GUIDANCE_TEXT),
+        "Seed": ("seed", int, 0, MAX_SEED),
+        "Frames": ("num_frames", int, 1, MAX_FRAMES_ABSOLUTE),
     }
-    for key, (name, convert) in converters.items():
-        if key in pairs:
-            try:
-                settings[name] = convert(pairs[key])
-            except ValueError:
-                pass
+    for key, (name, convert, lowest, highest) in converters.items():
+        value = _number(pairs.get(key), convert, lowest, highest)
+        if value is not None:
+            settings[name] = value
     if "Size" in pairs:
         width, _, height = pairs["Size"].partition("x")
-        if width.isdigit() and height.isdigit():
-            settings["width"], settings["height"] = int(width), int(height)
+        width, height = (_number(side, int, MIN_SIZE, MAX_SIZE_ABSOLUTE) for side in (width, height))
+        if width is not None and height is not None:
+            settings["width"], settings["height"] = width, height
     if "Sampler" in pairs:
         settings["scheduler"] = None if pairs["Sampler"] == "default" else pairs["Sampler"]
     if "Model" in pairs:
@@ -105,10 +115,36 @@ def parse_infotext(text: str) -> dict[str, Any]:
     return settings
 
 
+def _number(text: object, convert: Callable, lowest: float, highest: float) -> int | float | None:
+    """`text` as a number in [lowest, highest], else None."""
+    if not isinstance(text, str) or len(text) > 32:
+        return None
+    try:
+        value = convert(text.strip())
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and lowest <= value <= highest else None
+
+
+class UnreadablePng(ValueError):
+    """A file offered as a PNG that can't be read: not a PNG, cut short, or text chunks past the limits."""
+
+
+# What a damaged or hostile file makes Pillow raise (a zTXt chunk that inflates past
+# PngImagePlugin.MAX_TEXT_CHUNK raises ValueError; a cut file, OSError, SyntaxError or struct.error).
+_PNG_READ_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error, Image.DecompressionBombError)
+
+
 def png_texts(path: Path | str) -> dict[str, str]:
-    """The text chunks of a PNG (e.g. `parameters`, `workflow`)."""
-    with Image.open(path) as image:
-        return {key: value for key, value in getattr(image, "text", {}).items() if isinstance(value, str)}
+    """The text chunks before a PNG's pixels (where this studio and AUTOMATIC1111 write `parameters`
+    and `workflow`); the pixels are never decoded. Raises UnreadablePng for a file that isn't a PNG,
+    is cut short, or has a text larger than Pillow's limit (PngImagePlugin.MAX_TEXT_CHUNK, 1 MB)."""
+    try:
+        with Image.open(path, formats=["PNG"]) as image:
+            return {key: value for key, value in image.info.items() if isinstance(key, str) and isinstance(value, str)}
+    except _PNG_READ_ERRORS as exc:
+        raise UnreadablePng("This file can't be read as a PNG: it is not one, it is cut short, or a text in it "
+                            f"is over {PngImagePlugin.MAX_TEXT_CHUNK / 2**20:g} MiB ({type(exc).__name__}).") from None
 
 
 # ---------------------------------------------------------------------------- the store
@@ -127,11 +163,6 @@ class SavedOutput:
         return json.dumps(asdict(self), ensure_ascii=False)
 
 
-def owner_key(browser_token: str) -> str:
-    """What the index stores for a browser: never the token itself."""
-    return hashlib.sha256(("stepstudio-history\0" + browser_token).encode("utf-8", "surrogatepass")).hexdigest()[:32]
-
-
 class OutputStore:
     """Saves finished results and lists a browser's history. `folder=None` turns saving off."""
 
@@ -143,6 +174,8 @@ class OutputStore:
         self._write_video = write_video
         self._lock = threading.Lock()
         self._counter: dict[str, itertools.count] = {}
+        # Who may list what: owner keys and browser tokens under this folder's secret.
+        self.owners = HistoryOwners.in_folder(None if self.folder is None else self.folder / HISTORY_FOLDER)
 
     @property
     def enabled(self) -> bool:
@@ -156,11 +189,12 @@ class OutputStore:
         return day_folder / f"{next(self._counter[day]):05d}-{seed}"
 
     def save(self, completed: Completed, owner: str, workflow: dict | None = None) -> SavedOutput | None:
-        """Write the result and its history line; None when saving is off. `owner`: owner_key(token)."""
+        """Write the result and its history line; None when saving is off. `owner`: a key from
+        `self.owners`."""
         if self.folder is None:
             return None
-        if not re.fullmatch(r"[0-9a-f]{32}", owner):
-            raise ValueError(f"owner must be an owner_key() value, got {owner!r:.40}.")
+        if not is_owner_key(owner):
+            raise ValueError(f"owner must be an owner key (32 hex digits, from store.owners), got {owner!r:.40}.")
         params = completed.params
         model = params.model or self.model  # the request's own model, when the engine serves several
         text = infotext(params, model)
@@ -195,7 +229,7 @@ class OutputStore:
 
     def history(self, owner: str, limit: int = HISTORY_LIMIT) -> list[SavedOutput]:
         """This owner's saved results whose files still exist, newest first."""
-        if self.folder is None or not re.fullmatch(r"[0-9a-f]{32}", owner):
+        if self.folder is None or not is_owner_key(owner):
             return []
         path = self.folder / HISTORY_FOLDER / f"{owner}.jsonl"
         if not path.is_file():
@@ -209,6 +243,18 @@ class OutputStore:
                     continue  # a line cut short by a crash: skip it
         found = [item for item in found if Path(item.path).exists()]
         return sorted(found, key=lambda item: item.created, reverse=True)[:limit]
+
+    def adopt(self, old_owner: str, new_owner: str) -> None:
+        """File `old_owner`'s results under `new_owner` (a browser moving to a signed token)."""
+        if self.folder is None or not (is_owner_key(old_owner) and is_owner_key(new_owner)):
+            return
+        history = self.folder / HISTORY_FOLDER
+        with self._lock:
+            old = history / f"{old_owner}.jsonl"
+            if old.is_file():
+                with open(history / f"{new_owner}.jsonl", "a", encoding="utf-8") as lines:
+                    lines.write(old.read_text(encoding="utf-8"))
+                old.unlink()
 
 
 async def save_quietly(store: OutputStore | None, completed: Completed, owner: str, workflow: dict | None = None) -> None:

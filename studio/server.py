@@ -9,9 +9,10 @@ every path.
 
 Stopping (SIGTERM, Ctrl-C, `stop()`) goes in this order: the engine stops admitting and aborts
 every request at its next step boundary, so every waiting caller is answered (503
-`shutting_down` over HTTP, a gr.Error in the page); once those answers have left, Gradio's
-streams close and uvicorn ends, giving what is left `shutdown_timeout_s`. The process exits 0.
-When the engine thread itself stops (a crash), the server stops the same way.
+`shutting_down` over HTTP, a gr.Error in the page); once those answers have left, Gradio's streams
+close and uvicorn ends, giving what is left `shutdown_timeout_s`. Gradio's temp files go once
+uvicorn has closed every connection, so no download of a preview is cut off. When the engine
+thread itself stops (a crash), the server stops the same way.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def build_app(engine: Engine, config: StudioOptions) -> fastapi.FastAPI:
         footer_links=["api", "gradio"],
         show_error=False,  # a gr.Error's message is shown; an unexpected exception's text is not
     )
-    app.add_middleware(StudioGuards, attempts=attempts, input_counts=input_counts(demo))
+    app.add_middleware(StudioGuards, attempts=attempts, input_counts=input_counts(demo), demo=demo)
     app.state.attempts = attempts
     # The Gradio app that really serves the page (demo.app is another one, made by queue()).
     app.state.gradio_app = next(route.app for route in app.routes if isinstance(route, Mount) and route.path == "")
@@ -240,6 +241,7 @@ class StudioServer:
         finally:
             signal.signal(signal.SIGTERM, previous)
             self._finish_stop()
+            self._delete_temp_files()
 
     def start(self, timeout_s: float = 30.0) -> "StudioServer":
         self._thread = threading.Thread(
@@ -263,6 +265,7 @@ class StudioServer:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
             self._finish_stop()
+            self._delete_temp_files()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop gracefully (as on SIGTERM) and wait for the server thread."""
@@ -270,6 +273,7 @@ class StudioServer:
         self._finish_stop(timeout_s)
         if self._thread is not None:
             self._thread.join(timeout_s)
+        self._delete_temp_files()
 
     # ------------------------------------------------------------------ stopping
     def _begin_stop(self) -> None:
@@ -291,9 +295,13 @@ class StudioServer:
                 log.warning("the engine did not stop within %.1f s", self.shutdown_timeout_s)
         self._wait_for_gradio_answers(deadline)
         self._close_demo()
+        self._server.should_exit = True
+
+    def _delete_temp_files(self) -> None:
+        """Once uvicorn is done: earlier, a preview a client is still downloading would vanish
+        under its response (FileNotFoundError)."""
         if self._sweeper is not None:
             self._sweeper.stop()
-        self._server.should_exit = True
 
     def _close_demo(self) -> None:
         """End Gradio's queue, heartbeat and event streams, on the server's loop (Gradio's stop

@@ -26,12 +26,13 @@ from studio.media import animated_gif, data_url, model_fps
 from studio.config import StudioOptions
 from studio.tab_queue import CANCEL_JS, TabResults, latest_preview, render_tab_queue
 from studio.workflow import WorkflowError
-from studio.workflow_ui import WorkflowRunner, cancel_from_page, owner_for
+from studio.workflow_ui import WorkflowRunner, cancel_from_page
 
 MAX_BATCH_COUNT = 16
 _SEED_RANGE = 2**32
 
 # Node ids double as the form's field names in error messages ("steps: 500 is out of range ...").
+GUIDANCE_RANGE = (0.0, 20.0)  # the guidance slider's range
 FORM_NODES = ("prompt", "negative prompt", "seed", "size", "steps", "guidance", "scheduler", "frames", "model")
 
 
@@ -217,7 +218,7 @@ def build_simple_tab(engine: Engine, config: StudioOptions) -> tuple[SimpleForm,
                                        visible=not look.sizes, elem_id="ss-height")
                 with gr.Row():
                     steps = gr.Slider(1, look.max_steps, value=look.steps, step=1, label="Steps", elem_id="ss-steps")
-                    guidance = gr.Slider(0.0, 20.0, value=look.guidance, step=0.5, label="Guidance scale",
+                    guidance = gr.Slider(*GUIDANCE_RANGE, value=look.guidance, step=0.5, label="Guidance scale",
                                          elem_id="ss-guidance")
                 with gr.Row():
                     scheduler = gr.Dropdown([("model default", "")] + [(s, s) for s in look.schedulers], value="",
@@ -298,7 +299,7 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
             raise user_error(form_problems(exc), "Request not accepted") from None
         recorded: set[int] = set()
         first = True
-        async for view in runner.follow(run, owner_for(values[browser_token], session)):
+        async for view in runner.follow(run, runner.owner_for(values[browser_token], session)):
             for branch in view.branches:
                 if branch.result is not None and branch.branch.index not in recorded:
                     recorded.add(branch.branch.index)

@@ -114,7 +114,8 @@ def build_ui(engine: Engine, config: StudioOptions) -> gr.Blocks:
     runner = WorkflowRunner(engine, config, RunRegistry(), store)
     results = TabResults()
     with gr.Blocks(title=f"stepstudio · {' + '.join(engine.models.names)}") as demo:
-        browser_token = gr.BrowserState("", storage_key=BROWSER_STORAGE_KEY)
+        # The History token (studio.history_owners), kept under a key that survives restarts.
+        browser_token = gr.BrowserState("", storage_key=BROWSER_STORAGE_KEY, secret=store.owners.browser_state_secret)
         _build_header(engine)
         with gr.Tabs(elem_id="ss-tabs") as tabs:
             with gr.Tab("Workflow", id="workflow", elem_id="ss-tab-workflow"):

@@ -52,7 +52,7 @@ from studio.http_api import (
 )
 from studio.http_errors import ApiError
 from studio.media import model_fps
-from studio.outputs import OutputStore, owner_key, save_quietly
+from studio.outputs import OutputStore, save_quietly
 from studio.video_files import MEDIA_TYPES, SUFFIXES, VARIANTS, encode_video_files
 from studio.video_jobs import VideoError, VideoJob, VideoJobStore, VideoStoreFull
 
@@ -319,7 +319,7 @@ async def _follow(store: VideoJobStore, job: VideoJob, outputs: OutputStore | No
             if store.get(job.id, job.owner) is job:  # not deleted meanwhile
                 # Saved before it shows as completed; filed under the caller's session, as the
                 # gradio endpoints file API callers' results.
-                await save_quietly(outputs, final, owner_key("session\0" + job.owner))
+                await save_quietly(outputs, final, outputs.owners.of_caller(job.owner) if outputs else "")
             store.finish(job, files=files)
         elif isinstance(final, engine.Aborted) and final.cause == "cancelled":
             pass  # deleted by its caller: the job is gone already

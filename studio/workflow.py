@@ -20,12 +20,19 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipelines.params import MAX_PROMPT_CHARS
+
 WORKFLOW_VERSION = 1
-# Bounds on what one workflow may hold: a hand-built graph has tens of nodes.
+# Bounds on what one workflow may hold: a hand-built graph has tens of nodes. The byte limit holds
+# however a workflow arrives: JSON text by its UTF-8 bytes, a decoded object by its compact JSON.
 MAX_WORKFLOW_BYTES = 256 * 1024
+MAX_JSON_DEPTH = 16  # lists and objects inside each other; the format itself needs 5
 MAX_NODES = 200
 MAX_LINKS = 400
 MAX_ID_CHARS = 64
+# The longest node value (text, or anything else as JSON): a prompt's own limit (GenerationParams),
+# as a prompt is the longest thing a node field holds.
+MAX_VALUE_CHARS = MAX_PROMPT_CHARS
 
 
 class PortType:
@@ -274,19 +281,80 @@ def _position(raw: object) -> tuple[float, float]:
     return 0.0, 0.0
 
 
+# ---------------------------------------------------------------------------- size
+_SLICE_CHARS = 1 << 16
+
+
+def _utf8_bytes(text: str) -> int:
+    """UTF-8 bytes of `text`. str.isascii() is O(1) in CPython, so ASCII text is not copied;
+    other text is encoded a slice at a time (never a second copy of a large text)."""
+    if text.isascii():
+        return len(text)
+    return sum(len(text[start:start + _SLICE_CHARS].encode("utf-8", "surrogatepass"))
+               for start in range(0, len(text), _SLICE_CHARS))
+
+
+def _too_deep() -> WorkflowError:
+    return WorkflowError([Problem(
+        f"the workflow nests lists and objects more than {MAX_JSON_DEPTH} levels deep; "
+        f"at most {MAX_JSON_DEPTH} are allowed.")])
+
+
+def _check_depth(value: object) -> None:
+    """Refuse lists and objects nested more than MAX_JSON_DEPTH deep (WorkflowError). Walks with
+    its own stack, so no nesting recurses it."""
+    containers = (dict, list, tuple)
+    pending = [(value, 1)] if isinstance(value, containers) else []
+    while pending:
+        item, depth = pending.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise _too_deep()
+        members = item.values() if isinstance(item, dict) else item
+        pending.extend((member, depth + 1) for member in members if isinstance(member, containers))
+
+
+def json_bytes(value: object) -> int:
+    """The UTF-8 bytes of `value`'s compact JSON (no spaces, characters as they are). The depth
+    is checked first, as json.dumps recurses once per level; the text is built once."""
+    _check_depth(value)
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:  # a set, a circular list, an int of 4300+ digits ...
+        raise WorkflowError([Problem(f"the workflow is not JSON data ({exc}).")]) from None
+    return _utf8_bytes(text)
+
+
+def _value_problem(node_id: str, name: object, value: object) -> Problem | None:
+    """A node value longer than a prompt may be (text by its characters, others by their JSON)."""
+    size = len(value) if isinstance(value, str) else json_bytes(value)
+    if size <= MAX_VALUE_CHARS:
+        return None
+    what = "characters long" if isinstance(value, str) else "characters long as JSON"
+    return Problem(f"is {size} {what}; at most {MAX_VALUE_CHARS} are allowed.", node_id, str(name)[:MAX_ID_CHARS])
+
+
+def _check_size(size: int, measured_as: str) -> None:
+    if size > MAX_WORKFLOW_BYTES:
+        raise WorkflowError([Problem(f"the workflow is {size} bytes{measured_as}; at most {MAX_WORKFLOW_BYTES} "
+                                     "are allowed.")])
+
+
 def parse_workflow(source: str | bytes | dict) -> Workflow:
     """A Workflow from JSON text or an already-decoded dict. Raises WorkflowError listing every
-    structural problem: not JSON, too large, wrong version, unknown node types, links to
+    structural problem: not JSON, too large (text by its UTF-8 bytes, an object by its compact
+    JSON), nested too deep, a node value too long, wrong version, unknown node types, links to
     missing nodes or ports, an input linked twice."""
     if isinstance(source, (str, bytes)):
-        size = len(source.encode() if isinstance(source, str) else source)
-        if size > MAX_WORKFLOW_BYTES:
-            raise WorkflowError([Problem(
-                f"the workflow is {size} bytes; at most {MAX_WORKFLOW_BYTES} are allowed.")])
+        _check_size(len(source) if isinstance(source, bytes) else _utf8_bytes(source), "")
         try:
             source = json.loads(source)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise WorkflowError([Problem(f"the workflow is not valid JSON ({exc}).")]) from None
+        except RecursionError:  # nested far past the depth limit
+            raise _too_deep() from None
+        _check_depth(source)
+    else:
+        _check_size(json_bytes(source), " as compact JSON")
     if not isinstance(source, dict):
         raise WorkflowError([Problem(
             f"a workflow is a JSON object with version, nodes and links; got {type(source).__name__}.")])
@@ -312,7 +380,7 @@ def parse_workflow(source: str | bytes | dict) -> Workflow:
         if node_id in nodes:
             problems.append(Problem("two nodes have this id.", node_id))
             continue
-        if node_type not in NODE_TYPES:
+        if not isinstance(node_type, str) or node_type not in NODE_TYPES:  # a list can't even be looked up
             problems.append(Problem(
                 f"unknown node type {node_type!r:.40}; known types are: {', '.join(NODE_TYPES)}.", node_id))
             continue
@@ -320,6 +388,10 @@ def parse_workflow(source: str | bytes | dict) -> Workflow:
         if not isinstance(values, dict):
             problems.append(Problem(f"values must be a JSON object, got {type(values).__name__}.", node_id))
             continue
+        for name, value in values.items():
+            problem = _value_problem(node_id, name, value)
+            if problem is not None:
+                problems.append(problem)  # the node still counts, so its links are checked
         merged = NODE_TYPES[node_type].default_values()
         merged.update({k: v for k, v in values.items() if k in merged})
         nodes[node_id] = Node(node_id, node_type, merged, _position(raw.get("position")))

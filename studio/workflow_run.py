@@ -9,9 +9,12 @@
 Admission: the run submits its branches in order, as many as the engine takes for this session;
 the per-session in-flight limit (`--max-per-session`) counts a run's branches like any other
 requests. A run larger than the limit is not refused: its other branches wait in the run's own
-queue ("waiting") and go to the engine as earlier ones finish. Every submitted branch is an
-ordinary engine request, so branches with equal batch keys (and other sessions' requests)
-share each denoise forward.
+queue ("waiting") and go to the engine as earlier ones finish. A branch the engine has no room
+for yet is not a refused request (it is submitted `from_waiting_queue`, so
+`stepstudio_requests_rejected_total` does not count it); the engine's
+`stepstudio_workflow_branches_waiting` gauge counts the waiting branches of every run instead.
+Every submitted branch is an ordinary engine request, so branches with equal batch keys (and
+other sessions' requests) share each denoise forward.
 
 Every branch is validated by the engine (`prepare_params`: model defaults, seed, the model's
 and server's limits) before the first one is submitted, so a run either starts whole or not
@@ -152,6 +155,7 @@ class WorkflowRun:
         self._lock = threading.Lock()  # cancels may come from other threads
         self._cancel_requests: list[int | None] = []  # None = the whole run
         self._grid_cache: dict[str, tuple[int, Image.Image]] = {}
+        self._waiting_counted = 0  # this run's share of the engine's branches-waiting gauge
 
     # ------------------------------------------------------------------ control (any thread)
     def cancel(self) -> None:
@@ -186,6 +190,7 @@ class WorkflowRun:
         try:
             self._apply_cancels()
             self._submit_more(inbox, listeners)
+            self._count_waiting()
             yield self.view()
             while not all(b.is_finished for b in self.branches):
                 kind, payload = await inbox.get()
@@ -194,8 +199,10 @@ class WorkflowRun:
                     self._apply(*inbox.get_nowait())
                 self._apply_cancels()
                 self._submit_more(inbox, listeners)
+                self._count_waiting()
                 yield self.view()
         finally:
+            self._count_waiting(ended=True)
             with self._lock:
                 self._loop = self._inbox = None
             for index, handle in self._handles.items():
@@ -223,15 +230,24 @@ class WorkflowRun:
                 else:
                     handle.cancel()  # the engine's Aborted event ends it at the next step boundary
 
+    def _count_waiting(self, ended: bool = False) -> None:
+        """Bring this run's share of the engine's gauge of waiting branches up to date (to 0 once
+        the run has ended)."""
+        waiting = 0 if ended else sum(b.state == WAITING for b in self.branches)
+        self.engine.metrics.branches_waiting.inc(waiting - self._waiting_counted)
+        self._waiting_counted = waiting
+
     def _submit_more(self, inbox: asyncio.Queue, listeners: list[asyncio.Task]) -> None:
-        """Submit waiting branches in order until the engine refuses (this session's limit)."""
+        """Submit waiting branches in order until the engine has no room (this session's limit).
+        A refusal for room is the branch still waiting, not a refused call: the engine is told so
+        (`from_waiting_queue`) and does not count it as a rejected request."""
         while self._next_to_submit < len(self.branches):
             progress = self.branches[self._next_to_submit]
             if progress.is_finished:  # cancelled while waiting
                 self._next_to_submit += 1
                 continue
             try:
-                handle = self.engine.submit(progress.params, session_id=self.session_id)
+                handle = self.engine.submit(progress.params, session_id=self.session_id, from_waiting_queue=True)
             except EngineClosedError as exc:
                 for i in range(self._next_to_submit, len(self.branches)):
                     if not self.branches[i].is_finished:

@@ -27,9 +27,9 @@ from studio.config import StudioOptions
 from studio.workflow import Problem, WorkflowError, node_type_specs, parse_workflow
 from studio.workflow_compiler import CompiledWorkflow, ModelLimits, WorkflowLimits, compile_workflow
 from studio.media import animated_gif, data_url, model_fps
-from studio.outputs import OutputStore, owner_key, save_quietly
+from studio.outputs import OutputStore, save_quietly
 from studio.run_registry import RunRegistry
-from studio.workflow_run import BranchView, RunView, WorkflowRun
+from studio.workflow_run import ABORTED, COMPLETED, BranchView, RunView, WorkflowRun
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -181,14 +181,6 @@ def results_gallery(view: RunView, fps: int) -> list[tuple[Image.Image | str, st
     return items
 
 
-def owner_for(browser_token: object, session_id: str) -> str:
-    """Whose history a result joins: the browser's (its BrowserState token survives reloads),
-    else the engine session's (API callers)."""
-    if isinstance(browser_token, str) and len(browser_token) >= 16:
-        return owner_key(browser_token)
-    return owner_key("session\0" + session_id)
-
-
 @dataclass
 class WorkflowRunner:
     """Compile, register, run and save one workflow for one session (the editor, the Simple tab
@@ -203,6 +195,11 @@ class WorkflowRunner:
     def fps(self) -> int:
         return model_fps(self.engine.info)
 
+    def owner_for(self, browser_token: object, session_id: str) -> str:
+        """Whose history a result joins: the browser's, when this server signed its token (it
+        survives reloads), else the engine session's (API callers). See studio.history_owners."""
+        return "" if self.outputs is None else self.outputs.owners.of(browser_token, session_id)
+
     def start(self, source: object, session_id: str) -> tuple[WorkflowRun, CompiledWorkflow]:
         """Raises WorkflowError naming every problem; nothing is submitted then."""
         compiled = compile_source(source, workflow_limits(self.engine, self.config))
@@ -211,10 +208,11 @@ class WorkflowRunner:
 
     async def follow(self, run: WorkflowRun, owner: str, workflow: dict | None = None) -> AsyncIterator[RunView]:
         """The run's views until it ends; each finished branch is saved for `owner` (an
-        outputs.owner_key), with the workflow JSON when it came from the editor."""
+        owner_for's key), with the workflow JSON when it came from the editor."""
         self.registry.add(run)
         saved: set[int] = set()
         updates = run.updates()
+        view = None
         try:
             async with contextlib.aclosing(updates):
                 async for view in updates:
@@ -225,6 +223,16 @@ class WorkflowRunner:
                     yield view
         finally:
             self.registry.finished(run)
+        if view is not None and view.state != COMPLETED and self._shut_down():
+            # After the last view (the editor draws where each branch stopped), the same error
+            # every other caller in flight gets at a shutdown.
+            reason = next((b.message for b in view.branches if b.state == ABORTED and b.message), "it is stopping")
+            raise user_error(f"The server is shutting down: {reason}. Try again once it is back.",
+                             "Server shutting down")
+
+    def _shut_down(self) -> bool:
+        """The engine was shut down (SIGTERM, Ctrl-C), as opposed to crashed (its failure says why)."""
+        return not self.engine.accepting and self.engine.failure is None
 
 
 # ---------------------------------------------------------------------------- the tab
@@ -301,7 +309,7 @@ def wire_workflow_tab(runner: WorkflowRunner, tab: WorkflowTab, browser_token: g
             yield {tab.editor: gr.update(run_state=invalid_state(exc))}
             raise user_error(str(exc), "Workflow not run") from None
         finished_seen = -1
-        async for view in runner.follow(started, owner_for(token, session), compiled.workflow.to_json()):
+        async for view in runner.follow(started, runner.owner_for(token, session), compiled.workflow.to_json()):
             outputs: dict = {tab.editor: gr.update(run_state=encoder.state(view, compiled)), **live.render(session)}
             finished = sum(b.result is not None for b in view.branches)
             if finished != finished_seen or view.is_final:
@@ -343,7 +351,7 @@ def wire_workflow_api(runner: WorkflowRunner) -> None:
         except WorkflowError as exc:
             raise user_error(str(exc), "Workflow not run") from None
         finished_seen = -1
-        async for view in runner.follow(started, owner_for(None, session), compiled.workflow.to_json()):
+        async for view in runner.follow(started, runner.owner_for(None, session), compiled.workflow.to_json()):
             finished = sum(b.result is not None for b in view.branches)
             changed = finished != finished_seen or view.is_final
             finished_seen = finished

@@ -1,10 +1,13 @@
-"""Fuzz every endpoint with bad input (hypothesis, 520 cases in all): each one must get a clear
+"""Fuzz every endpoint with bad input (hypothesis, 705 cases in all): each one must get a clear
 client error, a 4xx with a message (OpenAI's shape on /v1) or a gr.Error, never a 5xx, a hang
-or a silent success, and the studio must serve a good request afterwards."""
+or a silent success, and the studio must serve a good request afterwards. Gradio's own door is
+fuzzed too: bodies nested past the depth limit, bad session hashes, forged History tokens,
+crafted PNGs opened in the History tab and workflows past the byte limit sent as objects."""
 
 from __future__ import annotations
 
 import json
+import random
 import re
 
 import httpx
@@ -15,28 +18,35 @@ from hypothesis import strategies as st
 from engine import Engine
 from pipelines.toy import ToyPipeline
 from studio.config import StudioOptions
-from benchmarks.stress import generate_endpoint
+from benchmarks.stress import Endpoints, crafted_png
+from tests.test_history_owners import png_with_texts
+from studio.guards import MAX_JSON_DEPTH
 from studio.http_api import ImageGenerationRequest
 from studio.server import StudioServer, build_app
+from studio.workflow import MAX_WORKFLOW_BYTES
 
 SETTINGS = dict(deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 TALLY: dict[str, int] = {}  # bad inputs tried, per fuzz test
-FUZZ_TESTS = ("generations", "content types", "v1 routes", "models and files", "gradio generate", "gradio cancel")
+FUZZ_TESTS = ("generations", "content types", "v1 routes", "models and files", "gradio generate", "gradio cancel",
+              "deep bodies", "session hashes", "history tokens", "pngs", "big workflows")
+ENOUGH = 705  # bad inputs in all: the max_examples below, added up
 
 
 def _assert_enough_inputs_were_tried() -> None:
-    """At least 500 bad inputs in all, when every fuzz test ran (a -k subset tries fewer)."""
+    """Every bad input was tried, when every fuzz test ran (a -k subset tries fewer)."""
     assert set(TALLY) <= set(FUZZ_TESTS), TALLY
     if set(TALLY) == set(FUZZ_TESTS):
-        assert sum(TALLY.values()) >= 500, TALLY
+        assert sum(TALLY.values()) == ENOUGH, TALLY
 
 
 @pytest.fixture(scope="module")
-def studio():
-    config = StudioOptions(model="toy", port=0, max_steps=50, preview_every=0)
+def studio(tmp_path_factory):
+    outputs = tmp_path_factory.mktemp("outputs")  # results are saved: a forged token has something to find
+    config = StudioOptions(model="toy", port=0, max_steps=50, preview_every=0, outputs=str(outputs))
     engine = Engine(ToyPipeline(), limits=config.limits).start()
     app = build_app(engine, config)
-    GENERATE["defaults"] = generate_endpoint(app.state.demo).defaults
+    GENERATE["endpoints"] = Endpoints.of(app.state.demo)
+    GENERATE["defaults"] = GENERATE["endpoints"].generate.defaults
     server = StudioServer(app, "127.0.0.1", 0).start()
     with httpx.Client(base_url=server.url, timeout=30) as http:
         yield http, engine
@@ -206,6 +216,132 @@ def test_bad_cancel_calls_get_a_clear_400(studio, value, extra):
     assert response.status_code == 400, response.text[:300]
     assert len(response.json()["error"]) > 10
     _count("gradio cancel")
+
+
+# ---------------------------------------------------------------------------- Gradio's door
+def _assert_gradio_4xx(response: httpx.Response) -> None:
+    assert 400 <= response.status_code < 500, (response.status_code, response.text[:300])
+    assert len(response.json()["error"]) > 10, response.text[:300]
+
+
+def _nested(depth: int, opener: str) -> str:
+    closer = "]" if opener == "[" else "}"
+    return opener * depth + "1" + closer * depth
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(depth=st.integers(MAX_JSON_DEPTH + 1, 20_000), opener=st.sampled_from(["[", '{"a":']),
+       path=st.sampled_from(["gradio_api/queue/join", "gradio_api/run/generate", "gradio_api/call/generate",
+                             "gradio_api/cancel"]))
+def test_bodies_nested_past_the_limit_get_a_4xx(studio, depth, opener, path):
+    http, _ = studio
+    body = f'{{"data": {_nested(depth, opener)}, "fn_index": 0, "session_hash": "fuzz-deep"}}'
+    response = http.post(path, content=body, headers={"content-type": "application/json"})
+    _assert_gradio_4xx(response)
+    assert f"at most {MAX_JSON_DEPTH}" in response.json()["error"], response.text[:300]
+    _count("deep bodies")
+
+
+BAD_SESSION_HASHES = st.one_of(
+    st.just(""), st.none(), st.integers(), st.floats(), st.booleans(), st.lists(st.integers(), max_size=2),
+    st.text(alphabet="abc123", min_size=129, max_size=300),
+    st.text(min_size=1, max_size=8).filter(lambda text: any(not (c.isascii() and (c.isalnum() or c in "-_.:"))
+                                                            for c in text)),
+)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(session=BAD_SESSION_HASHES, stream=st.booleans())
+def test_bad_session_hashes_get_a_4xx(studio, session, stream):
+    http, _ = studio
+    if stream and isinstance(session, str):
+        response = http.get("gradio_api/queue/data", params={"session_hash": session})
+    else:
+        response = http.post("gradio_api/queue/join", json={"data": list(GENERATE["defaults"]), "fn_index":
+                                                             GENERATE["endpoints"].generate.fn_index,
+                                                             "session_hash": session})
+    _assert_gradio_4xx(response)
+    assert "session_hash" in response.json()["error"]
+    _count("session hashes")
+
+
+def _queue_call(http: httpx.Client, endpoint, data: list, session: str) -> dict:
+    """A page's call through Gradio's queue: the completion message (a broken stream fails)."""
+    joined = http.post("gradio_api/queue/join", json={"data": data, "fn_index": endpoint.fn_index,
+                                                      "session_hash": session})
+    assert joined.status_code == 200, joined.text[:300]
+    with http.stream("GET", "gradio_api/queue/data", params={"session_hash": session}) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data:") and json.loads(line[5:]).get("msg") == "process_completed":
+                return json.loads(line[5:])
+    raise AssertionError("the event stream ended without an answer")
+
+
+FORGED_TOKENS = st.one_of(
+    st.sampled_from(["session\0http:host:127.0.0.1", "http:host:127.0.0.1", "session\0http:key:alice", ""]),
+    st.text(max_size=60), st.text(alphabet="ABCxyz019_-", min_size=32, max_size=32),
+    st.builds(lambda nonce, signature: f"{nonce}.{signature}", st.text(alphabet="abc019_-", min_size=1, max_size=40),
+              st.text(alphabet="abc019_-", max_size=50)),
+    st.integers(), st.none(), st.lists(st.text(max_size=3), max_size=2),
+)
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(token=FORGED_TOKENS)
+def test_a_forged_history_token_lists_nothing(studio, token):
+    http, _ = studio
+    if not TALLY.get("history tokens"):  # an API caller's result is saved first: there is something to find
+        for session in ("fuzz-caller", "http:host:127.0.0.1"):
+            done = _queue_call(http, GENERATE["endpoints"].generate, GOOD_FORM + list(GENERATE["defaults"][7:]), session)
+            assert done["success"], done
+    done = _queue_call(http, GENERATE["endpoints"].history_refresh, [token], "fuzz-history")
+    assert done["success"] and done["output"]["data"][0] == [], done
+    _count("history tokens")
+
+
+@settings(max_examples=45, **SETTINGS)
+@given(seed=st.integers(0, 2**32), cut=st.integers(0, 200), kind=st.sampled_from(["crafted", "cut", "huge seed"]))
+def test_a_crafted_png_gets_a_message_or_its_settings_in_range(studio, seed, cut, kind):
+    """A hostile file is refused with a message; a PNG whose texts say anything opens."""
+    http, _ = studio
+    if kind == "crafted":
+        _, content = crafted_png(random.Random(seed))
+    else:
+        parameters = f"p\nSteps: {seed}, Seed: {seed}{'9' * (cut % 30)}, Size: {cut}x{seed % 9000}"
+        content = png_with_texts({"parameters": parameters})
+        content = content[:cut] if kind == "cut" else content
+    uploaded = http.post("gradio_api/upload", files={"files": ("fuzz.png", content, "image/png")})
+    assert uploaded.status_code == 200, uploaded.text[:300]
+    file = {"path": uploaded.json()[0], "meta": {"_type": "gradio.FileData"}}
+    done = _queue_call(http, GENERATE["endpoints"].history_open, [file], "fuzz-png")
+    if kind == "huge seed":
+        assert done["success"] and done["output"]["data"][1] == parameters, done
+    elif done["success"]:
+        assert kind == "cut", done  # cut after its texts: they are read
+    else:
+        error = done["output"]["error"]
+        assert "read as a PNG" in error or (kind == "cut" and "carries no settings" in error), done
+    _count("pngs")
+
+
+@settings(max_examples=20, **SETTINGS)
+@given(extra=st.integers(1, 3 << 20), where=st.sampled_from(["field", "node value"]))
+def test_a_workflow_object_past_the_limit_is_refused(studio, extra, where):
+    http, _ = studio
+    text = "x" * (MAX_WORKFLOW_BYTES + extra)
+    workflow = {"version": 1, "nodes": [{"id": "1", "type": "prompt", "values": {"text": "a red circle"}}],
+                "links": []}
+    if where == "field":
+        workflow["padding"] = text
+    else:
+        workflow["nodes"][0]["values"]["text"] = text
+    posted = http.post("gradio_api/call/run_workflow", json={"data": [workflow]})
+    assert posted.status_code == 200, posted.text[:300]
+    events = http.get(f"gradio_api/call/run_workflow/{posted.json()['event_id']}").text
+    assert events.startswith("event: error"), events[:300]
+    message = json.loads(events.partition("data:")[2].strip().splitlines()[0])["error"]
+    assert f"at most {MAX_WORKFLOW_BYTES}" in message, message
+    _count("big workflows")
 
 
 def test_the_studio_still_serves_after_the_fuzzing(studio):

@@ -26,7 +26,7 @@ from engine import (
 from pipelines.loader import load_pipeline
 from studio.http_api import HttpApiConfig
 from studio.media import write_mp4
-from studio.outputs import OutputStore, owner_key
+from studio.outputs import OutputStore
 from studio.video_files import VideoFiles
 from studio.video_jobs import VideoError, VideoJob, VideoJobStore, VideoStoreFull
 from tests.engine_helpers import StepGate
@@ -129,7 +129,8 @@ def test_create_and_poll_then_download_the_mp4_thumbnail_and_spritesheet(checkpo
         assert isinstance(direct, Completed) and len(direct.images) == 9
 
         # Saved like the page's results, under the caller's session, before it showed as completed.
-        history = tmp_path / "outputs" / "history" / f"{owner_key('session' + chr(0) + 'http:host:127.0.0.1')}.jsonl"
+        owner = OutputStore(tmp_path / "outputs", model="wan").owners.of_caller("http:host:127.0.0.1")
+        history = tmp_path / "outputs" / "history" / f"{owner}.jsonl"
         saved = json.loads(history.read_text().splitlines()[0])
         assert saved["kind"] == "video" and Path(saved["path"]).suffix == ".mp4" and saved["settings"]["seed"] == 7
 

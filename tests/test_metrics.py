@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import EngineClosedError, GenerationParams, QueueFullError, ServingLimits
+from engine import EngineClosedError, GenerationParams, QueueFullError, ServingLimits, SessionLimitError
 from tests.test_http_api import metric, raw_post, running_api, wait_until
 
 FAMILIES = {
@@ -16,6 +16,7 @@ FAMILIES = {
     "stepstudio_errors": "counter",
     "stepstudio_queue_depth": "gauge",
     "stepstudio_running_requests": "gauge",
+    "stepstudio_workflow_branches_waiting": "gauge",
     "stepstudio_batch_size": "histogram",
     "stepstudio_forward_rows": "histogram",
     "stepstudio_step_seconds": "histogram",
@@ -140,6 +141,33 @@ def test_queue_gauges_and_rejections():
         with pytest.raises(EngineClosedError):
             api.engine.submit(GenerationParams(prompt="six"))
         assert metric(api.http, "stepstudio_requests_rejected_total", reason="closed") == 2
+
+
+def test_a_refused_call_counts_once_and_a_request_kept_waiting_not_at_all():
+    with running_api(step_delay_s=0.01, limits=ServingLimits(max_per_session=1, max_queue=2)) as api:
+        def rejected(reason: str) -> float:
+            return metric(api.http, "stepstudio_requests_rejected_total", reason=reason)
+
+        held = api.engine.submit(GenerationParams(prompt="one", num_inference_steps=100), session_id="a")
+        with pytest.raises(SessionLimitError, match="already has 1 requests in flight"):
+            api.engine.submit(GenerationParams(prompt="two"), session_id="a")
+        assert rejected("session_limit") == 1
+        # A caller that keeps its request waiting and tries again (a workflow run's branch) was
+        # not refused: however often it tries, nothing more is counted.
+        for _ in range(3):
+            with pytest.raises(SessionLimitError):
+                api.engine.submit(GenerationParams(prompt="two"), session_id="a", from_waiting_queue=True)
+        assert rejected("session_limit") == 1
+
+        other = api.engine.submit(GenerationParams(prompt="three", num_inference_steps=100), session_id="b")
+        with pytest.raises(QueueFullError):
+            api.engine.submit(GenerationParams(prompt="four"), session_id="c")
+        with pytest.raises(QueueFullError):
+            api.engine.submit(GenerationParams(prompt="four"), session_id="c", from_waiting_queue=True)
+        assert (rejected("queue_full"), rejected("session_limit")) == (1, 1)
+        assert metric(api.http, "stepstudio_workflow_branches_waiting") == 0  # no workflow run here
+        held.cancel()
+        other.cancel()
 
 
 def test_first_preview_latency_is_observed_once_per_request():

@@ -12,10 +12,18 @@ from PIL import Image
 
 from engine import Completed, GenerationParams, Timings
 from studio.media import write_mp4
-from studio.outputs import OutputStore, infotext, owner_key, parse_infotext, png_texts
+from studio.history_owners import HistoryOwners
+from studio.outputs import OutputStore, infotext, parse_infotext, png_texts
 
 PARAMS = GenerationParams(prompt="a red circle, left", negative_prompt="blurry: bad", width=64, height=48,
                           num_inference_steps=20, guidance_scale=3.5, seed=1234, num_frames=1, scheduler="euler")
+
+
+OWNERS = HistoryOwners(b"a test secret, 32 bytes long...")
+
+
+def owner_key(session_id: str) -> str:
+    return OWNERS.of_caller(session_id)
 
 
 def completed(params: GenerationParams = PARAMS, frames: int = 1) -> Completed:
@@ -73,7 +81,7 @@ def test_history_is_per_owner_newest_first_and_skips_deleted_files(tmp_path):
     assert store.history("../../etc/passwd") == [] and store.history(owner_key("nobody-0123456789")) == []
     (tmp_path / first.path).unlink()
     assert [item.path for item in store.history(mine)] == [second.path]
-    with pytest.raises(ValueError, match="owner must be an owner_key"):
+    with pytest.raises(ValueError, match="owner must be an owner key"):
         store.save(completed(), "../escape")
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.stress import EXPECTED, KINDS
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -29,7 +31,11 @@ def stress(tmp_path: Path, requests: int, workers: int, seed: int) -> dict:
 def _check(report: dict, requests: int) -> None:
     assert report["problems"] == []
     assert sum(report["answers"].values()) == requests
-    assert set(report["answers"]) <= {"completed", "rejected", "failed", "aborted", "disconnected"}
+    # Each kind of call got only what it should: hostile input refused (never accepted, never a
+    # 5xx), faults failed, forged History tokens listed nothing, a cancelled job's sibling done.
+    for kind, answers in report["by_kind"].items():
+        assert set(answers) <= EXPECTED[kind], (kind, answers)
+    assert report["tracebacks"]["unexpected"] == 0, report["tracebacks"]["examples"]
     engine = report["engine"]
     # Every request the engine took ended exactly once, and nothing is left behind.
     assert report["final_events_per_request"] == {"1": engine["submitted"]}
@@ -44,8 +50,10 @@ def _check(report: dict, requests: int) -> None:
 def test_a_short_stress_run_keeps_every_invariant(tmp_path):
     report = stress(tmp_path, requests=100, workers=8, seed=1)
     _check(report, 100)
-    # The mix really had each kind of caller in it.
-    assert {"completed", "rejected", "failed", "aborted", "disconnected"} <= set(report["answers"])
+    # The mix really had each kind of caller in it, and each kind's expected answer.
+    assert {kind.partition("/")[0] for kind in report["by_kind"]} == set(KINDS)
+    assert {"completed", "rejected", "failed", "aborted", "disconnected", "listed nothing"} <= set(report["answers"])
+    assert report["tracebacks"]["injected"] > 0  # the faults did fire, and were told apart
 
 
 @pytest.mark.slow

@@ -246,12 +246,17 @@ def test_history_survives_a_reload_and_its_settings_fill_the_form(open_page, bro
         assert page.input_value("#ss-seed input") == "1234"
         assert not page.is_checked("#ss-random-seed input")
         shot(page, "browser-history")
-        # Another browser (its own token) sees none of it.
+        # Another browser (its own token) sees its own result and none of the first one's: the
+        # listing is waited for (its own image arrives), not assumed after a pause.
         stranger = open_page()
+        generate(stranger, "a stranger's own result")
+        wait_rows(stranger, "rows.length === 1 && rows[0].state === 'completed'")
         stranger.get_by_role("tab", name="History").click()
-        stranger.click("#ss-history-refresh")
-        time.sleep(0.5)
-        assert stranger.locator("#ss-history img").count() == 0
+        stranger.wait_for_selector("#ss-history img")
+        stranger.click("#ss-history img")
+        stranger.wait_for_function(
+            "document.querySelector('#ss-history-details textarea').value.startsWith(\"a stranger's own result\")")
+        assert stranger.locator("#ss-history img").count() == 1
     finally:
         context.close()
 

@@ -140,11 +140,25 @@ def test_another_session_cannot_cancel_my_run(studio, held_run):
     assert job.result(timeout=30)[0]["state"] == "completed"
 
 
+def with_values(node_id: str, **values) -> dict:
+    """A small runnable workflow with these values set on one node."""
+    workflow = xy_workflow(steps="2", guidance="1")
+    node = next(n for n in workflow["nodes"] if n["id"] == node_id)
+    node["values"] = {**node.get("values", {}), **values}
+    return workflow
+
+
 BAD_WORKFLOWS = {
     "malformed JSON": ("{nodes: [", "not valid JSON"),
     "a 2 MB workflow": ("x" * (2 * 1024 * 1024), "at most 262144 are allowed"),
     "10,000 nodes": ({"version": 1, "nodes": [{"id": str(i), "type": "prompt"} for i in range(10_000)], "links": []},
-                     "at most 200 nodes"),
+                     "the workflow is 298924 bytes as compact JSON; at most 262144 are allowed"),
+    "201 nodes": ({"version": 1, "nodes": [{"id": str(i), "type": "prompt"} for i in range(201)], "links": []},
+                  "at most 200 nodes"),
+    "a node value longer than a prompt": (with_values("s", notes="x" * 3000),
+                                          "node s, port 'notes': is 3000 characters long; at most 2000 are allowed."),
+    "nested 17 deep": ({"version": 1, "nodes": [], "links": [], "notes": [[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]},
+                       "nests lists and objects more than 16 levels deep; at most 16 are allowed."),
     "a branch explosion": ({"version": 1, "nodes": [
         {"id": "p", "type": "prompt_list", "values": {"prompts": "\n".join(f"p{i}" for i in range(100))}},
         {"id": "b", "type": "seed_batch", "values": {"start": 0, "count": 100}}, {"id": "s", "type": "sampler"}],
@@ -172,6 +186,24 @@ def test_bad_workflows_get_a_clear_error_and_the_engine_keeps_serving(client, st
     assert len(pipeline.encoded) == encoded_before  # nothing was submitted
     status, images, _ = client.predict(workflow=xy_workflow(steps="2", guidance="1"), api_name="/run_workflow")
     assert status["state"] == "completed" and engine.is_alive
+
+
+OVERSIZED_OBJECTS = {  # the workflow as a JSON object (not text), and its compact JSON size
+    "a 5 MB field": ({**xy_workflow(steps="2", guidance="1"), "notes": "x" * 5_000_000}, 5_000_625),
+    "a 2 MB node value": (with_values("p", text="x" * (2 * 1024 * 1024)), 2_097_754),
+}
+
+
+@pytest.mark.parametrize("name", list(OVERSIZED_OBJECTS))
+def test_a_workflow_object_over_the_byte_limit_is_refused_with_its_size(client, studio, name):
+    workflow, size = OVERSIZED_OBJECTS[name]
+    encoded_before = len(studio[2].encoded)
+    with pytest.raises(AppError) as caught:
+        client.predict(workflow=workflow, api_name="/run_workflow")
+    assert caught.value.message == (
+        f"the workflow has 1 problem: the workflow is {size} bytes as compact JSON; at most 262144 are allowed.")
+    assert caught.value.title == "Workflow not run"
+    assert len(studio[2].encoded) == encoded_before  # nothing was submitted
 
 
 def test_the_branch_limit_comes_from_the_command_line(studio):

@@ -8,7 +8,16 @@ import sys
 
 import pytest
 
-from studio.workflow import MAX_NODES, MAX_WORKFLOW_BYTES, WorkflowError, node_type_specs, parse_workflow
+from studio.workflow import (
+    MAX_JSON_DEPTH,
+    MAX_NODES,
+    MAX_VALUE_CHARS,
+    MAX_WORKFLOW_BYTES,
+    WorkflowError,
+    json_bytes,
+    node_type_specs,
+    parse_workflow,
+)
 from studio.workflow_compiler import ModelLimits, WorkflowLimits, compile_workflow, with_run_settings
 
 LIMITS = WorkflowLimits((ModelLimits(max_steps=100, max_size=256, size_multiple=16, schedulers=("euler", "ddim"),
@@ -148,10 +157,87 @@ def test_malformed_json_too_large_and_wrong_version():
 def test_ten_thousand_nodes_are_refused_before_any_is_read():
     many = workflow([node(str(i), "prompt", text="x") for i in range(10_000)], [])
     text = json.dumps(many)
-    assert len(text) > MAX_WORKFLOW_BYTES  # refused by size first...
-    assert "bytes" in problems(None, None, source=text)[0][2]
-    (only,) = problems(None, None, source=many)  # ...and by count when already decoded
-    assert f"at most {MAX_NODES} nodes" in only[2]
+    assert len(text) > MAX_WORKFLOW_BYTES  # refused by size, as text...
+    assert problems(None, None, source=text) == [(None, None, f"the workflow is {len(text)} bytes; at most 262144 are allowed.")]
+    compact = len(json.dumps(many, separators=(",", ":")))  # ...and as an object, by its compact JSON
+    assert compact == 688_924
+    assert problems(None, None, source=many) == [
+        (None, None, "the workflow is 688924 bytes as compact JSON; at most 262144 are allowed.")]
+    (only,) = problems(None, None, source=workflow([{"id": i, "type": "prompt"} for i in range(MAX_NODES + 1)], []))
+    assert f"at most {MAX_NODES} nodes" in only[2]  # a small object with too many nodes: by count
+
+
+# ---------------------------------------------------------------------------- size, depth and values, however sent
+def test_a_workflow_object_with_a_5_mb_field_is_refused_by_its_compact_json_size():
+    big = {**workflow([PROMPT, SAMPLER], [TO_SAMPLER]), "notes": "x" * 5_000_000}
+    assert len(json.dumps(big, separators=(",", ":"))) == 5_000_250
+    assert problems(None, None, source=big) == [
+        (None, None, "the workflow is 5000250 bytes as compact JSON; at most 262144 are allowed.")]
+
+
+def test_a_2_mb_node_value_in_an_object_is_refused_by_the_byte_limit():
+    source = workflow([node("p", "prompt", text="x" * (2 * 1024 * 1024)), SAMPLER], [TO_SAMPLER])
+    assert problems(None, None, source=source) == [
+        (None, None, "the workflow is 2097379 bytes as compact JSON; at most 262144 are allowed.")]
+
+
+def test_a_node_value_may_be_as_long_as_a_prompt_and_no_longer():
+    assert MAX_VALUE_CHARS == 2000  # GenerationParams' own prompt limit (pipelines/params.py)
+    longest = compiled([node("p", "prompt", text="x" * 2000), SAMPLER], [TO_SAMPLER])
+    assert longest.branches[0].params.prompt == "x" * 2000
+    found = problems([node("p", "prompt", text="é" * 2001), node("s", "sampler", notes=list(range(600)))],
+                     [TO_SAMPLER])
+    assert found == [("p", "text", "is 2001 characters long; at most 2000 are allowed."),
+                     ("s", "notes", "is 2291 characters long as JSON; at most 2000 are allowed.")]
+
+
+def test_text_and_objects_are_measured_as_the_same_utf8_json():
+    source = workflow([node("p", "prompt", text='é "quoted" \\ \n ☃ 😀'), SAMPLER], [TO_SAMPLER])
+    compact = json.dumps(source, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    assert json_bytes(source) == len(compact) == 255
+    # A workflow of exactly the limit passes as text and as an object; one byte more (a 2-byte 'é'
+    # for an 'e') is refused either way, with its size.
+    def with_notes(notes: str) -> dict:
+        return workflow([{**node("p", "prompt", text="a"), "notes": notes}, SAMPLER], [TO_SAMPLER])
+
+    filler = MAX_WORKFLOW_BYTES - len(json.dumps(with_notes(""), separators=(",", ":")))
+    at_limit = with_notes("e" * filler)
+    assert json_bytes(at_limit) == MAX_WORKFLOW_BYTES
+    for source in (at_limit, json.dumps(at_limit, separators=(",", ":"))):
+        assert len(compile_workflow(parse_workflow(source), LIMITS).branches) == 1
+    over = with_notes("é" + "e" * (filler - 1))
+    assert problems(None, None, source=over) == [
+        (None, None, "the workflow is 262145 bytes as compact JSON; at most 262144 are allowed.")]
+    text = json.dumps(over, separators=(",", ":"), ensure_ascii=False)
+    assert problems(None, None, source=text) == [
+        (None, None, "the workflow is 262145 bytes; at most 262144 are allowed.")]
+
+
+def nested(levels: int) -> list:
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+def test_nesting_deeper_than_the_limit_is_refused_as_object_or_text_without_recursing():
+    # The workflow object, its node list, a node and its values are 4 levels; a value adds its own.
+    deepest = workflow([node("p", "prompt", text="a", notes=nested(MAX_JSON_DEPTH - 4)), SAMPLER], [TO_SAMPLER])
+    assert len(compiled(deepest["nodes"], deepest["links"]).branches) == 1
+    too_deep = workflow([node("p", "prompt", text="a", notes=nested(MAX_JSON_DEPTH - 3)), SAMPLER], [TO_SAMPLER])
+    message = "the workflow nests lists and objects more than 16 levels deep; at most 16 are allowed."
+    assert problems(None, None, source=too_deep) == [(None, None, message)]
+    assert problems(None, None, source=json.dumps(too_deep)) == [(None, None, message)]
+    # Far deeper than Python's recursion limit: refused, not a RecursionError.
+    assert problems(None, None, source="[" * 100_000) == [(None, None, message)]
+    assert problems(None, None, source=nested(100_000)) == [(None, None, message)]
+
+
+def test_values_json_cant_hold_and_unhashable_node_types_are_problems_not_crashes():
+    assert problems(None, None, source={"version": 1, "nodes": [], "links": [], "tags": {1, 2}}) == [
+        (None, None, "the workflow is not JSON data (Object of type set is not JSON serializable).")]
+    found = problems([node("x", ["prompt"])], [])
+    assert found[0][:2] == ("x", None) and found[0][2].startswith("unknown node type ['prompt']; known types are: ")
 
 
 def test_unknown_node_type_and_links_to_missing_nodes_or_ports():

@@ -134,6 +134,36 @@ def test_a_run_larger_than_the_session_limit_queues_its_own_branches():
     assert order == sorted(order)
 
 
+def metric(engine: Engine, name: str, **labels) -> float:
+    return engine.metrics.registry.get_sample_value(name, labels)
+
+
+def test_branches_waiting_for_room_are_counted_as_waiting_not_as_rejected_requests():
+    pipeline = ToyPipeline()
+    engine = Engine(pipeline, max_batch=8, limits=ServingLimits(max_per_session=8))
+    seen = []  # (the run's waiting branches, the engine's gauge) at every view
+
+    def look(view):
+        seen.append((sum(b.state == "waiting" for b in view.branches),
+                     metric(engine, "stepstudio_workflow_branches_waiting")))
+
+    try:
+        run = WorkflowRun(engine, compiled(seed_by_guidance(seeds=tuple(range(10)), guidance="1, 2")), session_id="tab")
+        assert len(run.branches) == 20
+        views = drive(run, engine, on_view=look)
+        # The run's branches waited for room on every step; none of those tries was a refused call.
+        assert metric(engine, "stepstudio_requests_rejected_total", reason="session_limit") == 0
+        assert metric(engine, "stepstudio_requests_submitted_total") == 20
+        assert metric(engine, "stepstudio_workflow_branches_waiting") == 0  # the run ended
+    finally:
+        engine.close()
+    assert views[-1].state == "completed" and views[-1].done == 20
+    assert seen[0] == (12, 12)
+    assert all(waiting == gauge for waiting, gauge in seen)
+    waits = [waiting for waiting, _ in seen]
+    assert waits == sorted(waits, reverse=True) and waits[-1] == 0  # in as room came, never back
+
+
 def run_acting_at_forward(index: int, action):
     """Run the 2x2 workflow; `action(run)` is called on the engine thread inside forward `index`
     (0-based), so it lands at an exact step boundary. Returns (pipeline, run, views)."""
