@@ -37,6 +37,7 @@ import pydantic
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import ClientDisconnect
 
 import engine
 from pipelines.params import MAX_PROMPT_CHARS, MAX_SEED
@@ -339,11 +340,14 @@ async def _read_body(request: Request, limit: int) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise http_errors.body_too_large(limit)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise http_errors.body_too_large(limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise http_errors.body_too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:  # the caller hung up mid-body: nobody to answer, nothing to log
+        raise http_errors.body_cut_short() from None
     return b"".join(chunks)
 
 

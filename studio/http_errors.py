@@ -138,6 +138,10 @@ def body_timeout(seconds: float) -> ApiError:
     return ApiError(408, f"the request body did not arrive within {seconds:g} s.", code="request_timeout")
 
 
+def body_cut_short() -> ApiError:
+    return ApiError(400, "the connection closed before the whole request body arrived.", code="body_cut_short")
+
+
 def too_many_failed_attempts(message: str, retry_after_s: int) -> ApiError:
     return ApiError(429, message, type="rate_limit_error", code="too_many_failed_attempts",
                     retry_after_s=max(1, retry_after_s))

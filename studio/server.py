@@ -66,7 +66,10 @@ def build_demo(engine: Engine, config: StudioOptions) -> gr.Blocks:
 def http_api_config(config: StudioOptions) -> HttpApiConfig:
     """Per-user keys from --api-key; with --auth USER:PASS, PASS is also USER's key, so the
     studio's login guards both doors."""
-    return HttpApiConfig(api_keys=config.http_api_keys, body_timeout_s=config.request_timeout_s)
+    # The HTTP API answers a slow body with its own 408 (10 s), before the connection's deadline
+    # (request_timeout_s) would hang up without an answer.
+    body_timeout_s = min(HttpApiConfig.body_timeout_s, config.request_timeout_s / 2)
+    return HttpApiConfig(api_keys=config.http_api_keys, body_timeout_s=body_timeout_s)
 
 
 def build_app(engine: Engine, config: StudioOptions) -> fastapi.FastAPI:

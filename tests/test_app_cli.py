@@ -1,4 +1,9 @@
-"""The command line becomes StudioOptions and LoadOptions as documented in `python app.py --help`."""
+"""The command line becomes StudioOptions and LoadOptions as documented in `python app.py --help`,
+and `python app.py` refuses what it can't use with exit status 2."""
+
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -6,6 +11,8 @@ import app
 from engine import Engine, GenerationParams
 from studio.config import StudioOptions
 from studio.server import for_engine, http_api_config
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def options(*argv: str) -> StudioOptions:
@@ -72,3 +79,22 @@ def test_without_model_the_built_in_models_are_served(monkeypatch, tmp_path):
     (tmp_path / "video" / "model_index.json").write_text("{}")
     monkeypatch.setattr(loader, "BUILTIN_VIDEO_MODEL_DIR", tmp_path / "video")
     assert options().models == ("builtin", "builtin-video")
+
+
+def test_bad_options_and_a_model_that_cannot_be_loaded_exit_with_status_2():
+    """README, Studio: "`python app.py` exits with status ... 2 for bad options, a busy port or a
+    model that can't be loaded" (the busy port: tests/test_reliability_app.py)."""
+    commands = {"bad option": ["--bad-option"], "unloadable model": ["--model", "/nonexistent", "--port", "0"]}
+    # Both at once: the second takes the time of the studio's imports before it tries the model.
+    processes = {name: subprocess.Popen([sys.executable, "app.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)
+                 for name, args in commands.items()}
+    errors = {}
+    for name, process in processes.items():
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 2, (name, stderr[-2000:])
+        assert "Traceback" not in stderr, stderr
+        errors[name] = stderr.strip().splitlines()[-1]
+    assert errors["bad option"] == "python app.py: error: unrecognized arguments: --bad-option"
+    assert errors["unloadable model"].startswith("python app.py: error: ")
+    assert "'/nonexistent'" in errors["unloadable model"]

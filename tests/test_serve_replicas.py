@@ -5,19 +5,33 @@ each, 4 requests per forward, 50 ms per step), the Serve router of serve/router.
 proxy. Checked: events streamed from a replica (previews included) give the same image as a
 local engine; a cancel reaches the replica and frees its slot within a step; requests join the
 replica that runs their batch key until its batch is full; the queue view and /metrics show
-both replicas; admission counts a session's requests on every replica.
+both replicas; admission counts a session's requests on every replica; a replica killed while it
+holds requests fails them at once, naming it, and the next request is served by the other (last:
+Serve replaces the killed replica in the background; tests/test_serve_faults.py, slow, waits for it).
 Needs the `serve` extra (pip install -e '.[serve]'); skipped without it.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
 
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install -e '.[serve]')")
 
-from engine import Aborted, Completed, Engine, GenerationParams, Progress, Queued, ServingLimits, SessionLimitError  # noqa: E402
+from engine import (  # noqa: E402
+    Aborted,
+    Completed,
+    Engine,
+    Failed,
+    GenerationParams,
+    Progress,
+    Queued,
+    ServingLimits,
+    SessionLimitError,
+)
 from pipelines.toy import ToyPipeline  # noqa: E402
 from serve.local import local_replicas  # noqa: E402
 from serve.settings import ReplicaSettings, ServeSettings  # noqa: E402
@@ -169,3 +183,43 @@ def test_a_sessions_limit_counts_its_requests_on_every_replica(engine):
     with pytest.raises(PermissionError, match="belongs to another session"):
         engine.cancel(handles[0].request_id, "someone else")
     _cancel_all(engine, handles)
+
+
+def _lost_requests(engine) -> float:
+    name = "stepstudio_replica_lost_requests_total "
+    lines = [line for line in engine.metrics.exposition().decode().splitlines() if line.startswith(name)]
+    assert len(lines) == 1, lines
+    return float(lines[0].removeprefix(name))
+
+
+# Last in this module: the killed replica's replacement starts in the background after it.
+def test_a_killed_replica_fails_the_requests_it_holds_and_the_next_request_is_served(engine):
+    """README, Ray Serve: "A replica that dies (SIGKILL in the tests) fails each of its requests at
+    once with `Failed("replica 1 stopped while serving this request (ActorDiedError); the other
+    replicas keep serving: submit it again.", stage="replica")` ... New requests go to the replicas
+    that are up"."""
+    held = [_admitted(engine, GenerationParams(prompt=f"held {i}", num_inference_steps=LONG), f"held-{i}")
+            for i in range(2)]
+    other = _admitted(engine, GenerationParams(prompt="elsewhere", width=32, height=32, num_inference_steps=LONG),
+                      "elsewhere")
+    for handle in (*held, other):
+        assert any(isinstance(event, Progress) for event in handle.events(timeout=60))  # running
+    victim, survivor = engine.replica_of(held[0].request_id), engine.replica_of(other.request_id)
+    assert engine.replica_of(held[1].request_id) == victim != survivor  # 64 px together, 32 px on the other
+    engine.refresh()
+    pid = {report.replica: report.pid for report in engine.replicas}[victim]
+    lost_before = _lost_requests(engine)
+
+    os.kill(pid, signal.SIGKILL)
+    expected = Failed(f"{victim} stopped while serving this request (ActorDiedError); the other replicas keep "
+                      "serving: submit it again.", stage="replica")
+    assert [handle.result(timeout=60) for handle in held] == [expected, expected]
+    assert _lost_requests(engine) == lost_before + 2
+    # The other replica's request was untouched: it is still running until cancelled.
+    assert engine.cancel(other.request_id, "elsewhere") is True
+    assert other.result(timeout=30) == Aborted("cancelled by the user", cause="cancelled")
+
+    after = engine.submit(GenerationParams(prompt="after the kill", num_inference_steps=4), session_id="after")
+    assert isinstance(after.result(timeout=60), Completed)
+    assert engine.replica_of(after.request_id) == survivor
+    assert engine.requests_in_flight == 0
