@@ -30,7 +30,7 @@ import time
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from PIL import Image
 from PIL import PngImagePlugin
@@ -167,10 +167,12 @@ class OutputStore:
     """Saves finished results and lists a browser's history. `folder=None` turns saving off."""
 
     def __init__(self, folder: Path | None, model: str, fps: int = 16,
-                 write_video: Callable[[Sequence[Image.Image], Path, int], None] | None = None) -> None:
+                 write_video: Callable[[Sequence[Image.Image], Path, int], None] | None = None,
+                 fps_by_model: Mapping[str, int] | None = None) -> None:
         self.folder = Path(folder) if folder is not None else None
         self.model = model
-        self.fps = fps
+        self.fps = fps  # a saved video's frames per second, unless its model is in fps_by_model
+        self.fps_by_model = dict(fps_by_model or {})
         self._write_video = write_video
         self._lock = threading.Lock()
         self._counter: dict[str, itertools.count] = {}
@@ -212,7 +214,7 @@ class OutputStore:
                 path = stem.with_suffix(".mp4")
                 if self._write_video is None:
                     raise RuntimeError("this OutputStore was made without a video writer")
-                self._write_video(completed.images, path, self.fps)
+                self._write_video(completed.images, path, self.fps_by_model.get(model, self.fps))
             else:
                 poster = None
                 path = stem.with_suffix(".png")

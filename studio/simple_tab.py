@@ -22,7 +22,7 @@ import gradio as gr
 from engine import Engine
 from pipelines.params import MIN_SIZE
 from studio.bridge import final_media, preview_image, session_id_of, settings_caption, user_error
-from studio.media import animated_gif, data_url, model_fps
+from studio.media import animated_gif, data_url
 from studio.config import StudioOptions
 from studio.tab_queue import CANCEL_JS, TabResults, latest_preview, render_tab_queue
 from studio.workflow import WorkflowError
@@ -266,16 +266,16 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
                     browser_token: gr.BrowserState, live) -> None:
     """`live`: the page's LiveViews (its `render(session)` and `components`), redrawn with every update."""
     engine, config = runner.engine, runner.config
-    fps = model_fps(engine.info)
 
     def tab_outputs(session: str) -> dict:
         runs = runner.registry.runs_of(session)
-        preview = latest_preview(runs)
+        previewing = latest_preview(runs)
+        preview = None if previewing is None else previewing.preview
         finished = results.of(session)
         outputs = {panel.queue: render_tab_queue(runs), panel.gallery: [item for item in finished],
                    **live.render(session)}
         if isinstance(preview, (list, tuple)) and preview:  # a video's frames, looping
-            url = data_url(animated_gif(preview, fps, config.preview_max_px), "image/gif")
+            url = data_url(animated_gif(preview, runner.fps_of(previewing.params), config.preview_max_px), "image/gif")
             outputs[panel.animation] = f'<img class="ss-animation" src="{url}" alt="live preview">'
         elif preview is not None:
             outputs[panel.preview] = preview_image(preview, config.preview_max_px)
@@ -303,8 +303,8 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
             for branch in view.branches:
                 if branch.result is not None and branch.branch.index not in recorded:
                     recorded.add(branch.branch.index)
-                    results.add(session, (run.sequence, branch.branch.index), final_media(branch.result, fps=fps),
-                                settings_caption(branch.result))
+                    media = final_media(branch.result, fps=runner.fps_of(branch.params))
+                    results.add(session, (run.sequence, branch.branch.index), media, settings_caption(branch.result))
             outputs = tab_outputs(session)
             if first:
                 first = False

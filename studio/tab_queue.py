@@ -80,12 +80,12 @@ def render_tab_queue(runs: list[WorkflowRun]) -> str:
     return '<div class="ss-jobs">' + "".join(rows) + "</div>"
 
 
-def latest_preview(runs: list[WorkflowRun]):
-    """The newest running request's latest preview (what the tab's preview panel shows)."""
+def latest_preview(runs: list[WorkflowRun]) -> BranchView | None:
+    """The newest running request with a preview (what the tab's preview panel shows)."""
     for run in reversed(runs):
         for branch in reversed(run.branches):
             if branch.state == RUNNING and branch.preview is not None:
-                return branch.preview
+                return branch
     return None
 
 

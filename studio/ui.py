@@ -104,8 +104,8 @@ def _wire_live_views(views: LiveViews) -> None:
 
 def output_store(engine: Engine, config: StudioOptions) -> OutputStore:
     folder = Path(config.outputs).expanduser() if config.outputs else None
-    return OutputStore(folder, model=engine.info.name, fps=model_fps(engine.info),
-                       write_video=write_mp4)
+    return OutputStore(folder, model=engine.info.name, fps=model_fps(engine.info), write_video=write_mp4,
+                       fps_by_model={name: model_fps(info) for name, info in engine.infos.items()})
 
 
 def build_ui(engine: Engine, config: StudioOptions) -> gr.Blocks:

@@ -16,12 +16,12 @@ import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import gradio as gr
 from PIL import Image
 
-from engine import Engine
+from engine import Engine, GenerationParams
 from studio.bridge import final_media, preview_image, session_id_of, user_error
 from studio.config import StudioOptions
 from studio.workflow import Problem, WorkflowError, node_type_specs, parse_workflow
@@ -96,21 +96,21 @@ class RunStateEncoder:
     encoded once: previews as small JPEGs, results and grids as PNGs, and a video's frames
     (its preview, or its result) as a looping GIF."""
 
-    def __init__(self, preview_max_px: int, fps: int = 8) -> None:
+    def __init__(self, preview_max_px: int, fps_of: Callable[[GenerationParams], int]) -> None:
         self.preview_max_px = preview_max_px
-        self.fps = fps
+        self.fps_of = fps_of  # a video's frames per second: its own model's
         self._urls: dict[int, tuple[object, str]] = {}
         self._serial = itertools.count()
 
-    def _url(self, media, fmt: str, max_px: int | None = None) -> str | None:
-        """`media`: a PIL image, or a video's frames (encoded as a GIF whatever `fmt` says)."""
+    def _url(self, media, fmt: str, max_px: int | None = None, fps: int = 8) -> str | None:
+        """`media`: a PIL image, or a video's frames (encoded as a GIF at `fps`, whatever `fmt` says)."""
         if media is None:
             return None
         cached = self._urls.get(id(media))
         if cached is not None and cached[0] is media:
             return cached[1]
         if isinstance(media, (list, tuple)):
-            url = data_url(animated_gif(media, self.fps, max_px), "image/gif")
+            url = data_url(animated_gif(media, fps, max_px), "image/gif")
         else:
             image = preview_image(media, max_px) if max_px else media
             buffer = io.BytesIO()
@@ -144,9 +144,9 @@ class RunStateEncoder:
             "size": f"{params.width}x{params.height}",
             "request_id": progress.request_id,
             "message": progress.message,
-            "preview": self._url(progress.preview, "JPEG", self.preview_max_px),
+            "preview": self._url(progress.preview, "JPEG", self.preview_max_px, self.fps_of(params)),
             "image": self._url(self._result(progress), "PNG", None if progress.result is None
-                               or not progress.result.is_video else self.preview_max_px),
+                               or not progress.result.is_video else self.preview_max_px, self.fps_of(params)),
         }
 
     def state(self, view: RunView, compiled: CompiledWorkflow) -> dict:
@@ -172,12 +172,13 @@ def invalid_state(error: WorkflowError) -> dict:
     return {"serial": id(error), "state": "invalid", "problems": error.as_dicts()}
 
 
-def results_gallery(view: RunView, fps: int) -> list[tuple[Image.Image | str, str]]:
+def results_gallery(view: RunView, fps_of: Callable[[GenerationParams], int]) -> list[tuple[Image.Image | str, str]]:
     """Finished branches as (image or video file, caption), grids first."""
     items = [(image, f"grid {node_id}") for node_id, image in view.grids.items()]
     for progress in view.branches:
         if progress.result is not None:
-            items.append((final_media(progress.result, fps=fps), f"{progress.branch.label} · seed {progress.params.seed}"))
+            items.append((final_media(progress.result, fps=fps_of(progress.params)),
+                          f"{progress.branch.label} · seed {progress.params.seed}"))
     return items
 
 
@@ -191,9 +192,9 @@ class WorkflowRunner:
     registry: RunRegistry
     outputs: OutputStore | None = None
 
-    @property
-    def fps(self) -> int:
-        return model_fps(self.engine.info)
+    def fps_of(self, params: GenerationParams) -> int:
+        """Frames per second of a request's video: its own model's (not the default model's)."""
+        return model_fps(self.engine.infos[self.engine.models.resolve(params.model)])
 
     def owner_for(self, browser_token: object, session_id: str) -> str:
         """Whose history a result joins: the browser's, when this server signed its token (it
@@ -301,7 +302,7 @@ def cancel_from_page(registry: RunRegistry, event: gr.EventData, request: gr.Req
 def wire_workflow_tab(runner: WorkflowRunner, tab: WorkflowTab, browser_token: gr.BrowserState, live) -> None:
     """`live`: the page's LiveViews, redrawn with every update of the run."""
     async def run(workflow: str, token: str, request: gr.Request):
-        encoder = RunStateEncoder(runner.config.preview_max_px, runner.fps)
+        encoder = RunStateEncoder(runner.config.preview_max_px, runner.fps_of)
         session = session_id_of(request)
         try:
             started, compiled = runner.start(workflow, session)
@@ -314,7 +315,7 @@ def wire_workflow_tab(runner: WorkflowRunner, tab: WorkflowTab, browser_token: g
             finished = sum(b.result is not None for b in view.branches)
             if finished != finished_seen or view.is_final:
                 finished_seen = finished
-                outputs[tab.results] = results_gallery(view, runner.fps)
+                outputs[tab.results] = results_gallery(view, runner.fps_of)
             yield outputs
 
     tab.editor.submit(run, inputs=[tab.editor, browser_token], outputs=[tab.editor, tab.results, *live.components],
@@ -344,7 +345,7 @@ def wire_workflow_api(runner: WorkflowRunner) -> None:
         status has run_id, state, done/total and every branch's state, step, total, seed and
         preview (a data URL); images and grids fill in as branches finish.
         Cancel with /cancel_workflow and the run_id."""
-        encoder = RunStateEncoder(runner.config.preview_max_px, runner.fps)
+        encoder = RunStateEncoder(runner.config.preview_max_px, runner.fps_of)
         session = session_id_of(request)
         try:
             started, compiled = runner.start(workflow, session)
@@ -357,7 +358,7 @@ def wire_workflow_api(runner: WorkflowRunner) -> None:
             finished_seen = finished
             yield {
                 status: encoder.state(view, compiled),
-                images: [(final_media(b.result, fps=runner.fps), b.branch.label) for b in view.branches if b.result]
+                images: [(final_media(b.result, fps=runner.fps_of(b.params)), b.branch.label) for b in view.branches if b.result]
                 if changed else gr.skip(),
                 grids: [(image, f"grid {node_id}") for node_id, image in view.grids.items()] if changed else gr.skip(),
             }

@@ -51,19 +51,57 @@ def test_close_of_a_crashed_engine_returns_at_once():
     assert engine.wait_stopped(0) and engine.failure is not None
 
 
+class _WatchedLock:
+    """The engine's lock, telling when a thread had to wait for it (another thread held it)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.waiters: list[threading.Thread] = []
+        self.changed = threading.Condition()
+
+    def __enter__(self):
+        if not self.inner.acquire(blocking=False):
+            with self.changed:
+                self.waiters.append(threading.current_thread())
+                self.changed.notify_all()
+            self.inner.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.inner.release()
+
+
 class _CloseDuringSubmit:
     """Wraps the engine's command queue: when a submission is about to be queued, another
-    thread closes the engine first (as far as the engine lets it within half a second)."""
+    thread closes the engine. The submission goes on once that close is waiting for the
+    engine's lock (the submission is then queued first, as it must be), or, if the close got
+    through and queued its stop, once the engine thread has acted on the stop and ended (the
+    submission would then be stranded). No timing: the race is run on every machine."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, lock: _WatchedLock, gate: StepGate) -> None:
         self.engine = engine
         self.inner = engine._commands
+        self.lock = lock
+        self.gate = gate
+        self.stop_queued = False
+        self.closer: threading.Thread | None = None
 
     def put(self, command) -> None:
-        if type(command).__name__ == "_Submit":
-            closer = threading.Thread(target=self.engine.close)
-            closer.start()
-            closer.join(0.5)  # with the fix the close waits for this submission to be queued
+        if type(command).__name__ == "_Stop":
+            with self.lock.changed:
+                self.inner.put(command)
+                self.stop_queued = True
+                self.lock.changed.notify_all()
+            return
+        if type(command).__name__ == "_Submit" and self.closer is None:
+            self.closer = threading.Thread(target=self.engine.close)
+            self.closer.start()
+            with self.lock.changed:
+                assert self.lock.changed.wait_for(lambda: self.stop_queued or self.closer in self.lock.waiters, 30), \
+                    "the close neither queued its stop nor waited for the engine's lock"
+            if self.stop_queued:  # the close went first: let the engine stop before this lands
+                self.gate.release()
+                assert self.engine.wait_stopped(30), "the engine did not stop"
         self.inner.put(command)
 
     def __getattr__(self, name):
@@ -77,10 +115,12 @@ def test_a_submit_racing_close_is_answered_not_stranded():
     first = engine.submit(params(seed=1, steps=3), session_id="a")
     engine.start()
     gate.wait()  # the engine is busy inside its first forward
-    engine._commands = _CloseDuringSubmit(engine)
+    lock = engine._lock = _WatchedLock(engine._lock)
+    engine._commands = commands = _CloseDuringSubmit(engine, lock, gate)
     racing = engine.submit(params(seed=2), session_id="b")
     gate.release()
     final = racing.result(timeout=30)
+    commands.closer.join(30)
     assert isinstance(final, Aborted) and final.cause == "shutdown"
     assert isinstance(first.result(timeout=30), Aborted)
     assert engine.wait_stopped(30) and engine.requests_in_flight == 0

@@ -98,6 +98,14 @@ def test_a_video_is_an_mp4_with_a_poster_that_carries_the_settings(tmp_path):
     assert meta["pix_fmt"].startswith("yuv420p")
 
 
+def test_a_video_is_saved_at_its_own_models_fps_not_the_default_models(tmp_path):
+    store = OutputStore(tmp_path, model="shapes-flux", fps=16, write_video=write_mp4, fps_by_model={"shapes-wan": 8})
+    params = GenerationParams(**{**PARAMS.__dict__, "num_frames": 9, "model": "shapes-wan"})
+    saved = store.save(completed(params, frames=9), owner_key("video-caller"))
+    meta = next(imageio_ffmpeg.read_frames(saved.path))
+    assert meta["fps"] == 8.0 and meta["duration"] == pytest.approx(9 / 8, abs=0.01)  # 9 frames at 8 fps
+
+
 def test_saving_off_writes_nothing(tmp_path):
     store = OutputStore(None, model="m")
     assert not store.enabled and store.save(completed(), owner_key("x" * 20)) is None

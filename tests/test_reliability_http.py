@@ -11,7 +11,7 @@ import fastapi
 import httpx
 import pytest
 
-from engine import Completed, Engine, GenerationParams, ServingLimits
+from engine import Engine, Failed, GenerationParams, ServingLimits
 from pipelines.toy import ToyPipeline
 from studio.http_api import HttpApiConfig, build_router
 from tests.engine_helpers import StepGate
@@ -151,7 +151,9 @@ def test_a_crashed_engine_answers_503_engine_failed():
         crash = api.engine.submit(GenerationParams(prompt="[crash] it"), session_id="x")  # joins forward 2
         gate.release()
         call.join(30)
-        assert not isinstance(crash.result(timeout=30), Completed)
+        crashed = "the engine stopped after an internal error (EngineCrash: injected crash of the engine thread)"
+        assert crash.result(timeout=30) == Failed(message=crashed, stage="engine")
+        assert api.engine.failure == crashed
         error = assert_openai_error(results[0], 503, code="engine_failed")
         assert "EngineCrash" in error["message"]
         refused = api.http.post("/v1/images/generations", json={"prompt": "after"})

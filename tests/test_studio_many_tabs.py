@@ -3,7 +3,7 @@ page's own endpoints keep answering while they stream."""
 
 from __future__ import annotations
 
-import time
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -11,7 +11,7 @@ import pytest
 from gradio_client import Client
 
 from pipelines.toy import ToyPipeline
-from tests.studio_helpers import live_studio
+from tests.studio_helpers import live_studio, wait_for
 
 SESSIONS = 32
 STEPS = 30
@@ -21,31 +21,41 @@ STEPS = 30
 def studio():
     pipeline = ToyPipeline(step_delay_s=0.05)
     with live_studio(pipeline, max_batch=SESSIONS, preview_every=0, max_per_session=1) as (server, engine):
-        yield server, engine
+        yield server, engine, pipeline
 
 
 def test_32_sessions_share_forwards_and_the_page_stays_responsive(studio):
-    server, engine = studio
+    server, engine, pipeline = studio
+    answered = threading.Event()
+
+    def hold_the_last_step(index, batch) -> None:
+        # The sessions stream freely; only their last step waits, and only until the page has
+        # answered: the answers surely come while every session is still streaming, however
+        # busy the machine (no clock involved).
+        if not answered.is_set() and any(v.step >= STEPS - 1 for v in engine.snapshot().requests):
+            answered.wait(120)
+
     with ThreadPoolExecutor(SESSIONS) as pool:
         clients = list(pool.map(lambda _: Client(server.url, verbose=False), range(SESSIONS + 1)))
     observer = clients.pop()
-    jobs = [
-        c.submit(prompt=f"tab {i}", negative_prompt="", width=64, height=64, steps=STEPS, guidance_scale=1.0,
-                 seed=i, api_name="/generate")
-        for i, c in enumerate(clients)
-    ]
-    # While they stream: the health route and another session's queue call still answer.
-    deadline = time.monotonic() + 30
-    while engine.snapshot().stats.current_batch_size < SESSIONS // 2:
-        assert time.monotonic() < deadline, "the sessions never ran together"
-        time.sleep(0.02)
-    started = time.monotonic()
-    health = httpx.get(f"{server.url.rstrip('/')}/healthz", timeout=10)
-    queue = observer.predict(api_name="/queue")
-    answered_in = time.monotonic() - started
+    pipeline.on_forward = hold_the_last_step
+    try:
+        jobs = [
+            c.submit(prompt=f"tab {i}", negative_prompt="", width=64, height=64, steps=STEPS, guidance_scale=1.0,
+                     seed=i, api_name="/generate")
+            for i, c in enumerate(clients)
+        ]
+        # While they stream: the health route and another session's queue call still answer.
+        wait_for(lambda: engine.snapshot().stats.current_batch_size >= SESSIONS // 2, timeout_s=120,
+                 what="half of the sessions running together")
+        health = httpx.get(f"{server.url.rstrip('/')}/healthz", timeout=60)
+        queue = observer.predict(api_name="/queue")
+    finally:
+        answered.set()
+        pipeline.on_forward = None
     assert health.status_code == 200
     assert len(queue["requests"]) >= SESSIONS // 2
-    assert answered_in < 10, f"the page took {answered_in:.1f} s to answer while {SESSIONS} sessions streamed"
+    assert all(r["state"] in ("waiting", "running") and r["step"] < STEPS for r in queue["requests"]), queue
 
     finals = [job.result(timeout=120) for job in jobs]
     assert all(status["state"] == "completed" and status["step"] == STEPS for status, _, _ in finals)

@@ -42,8 +42,11 @@ def test_generate_video_streams_previews_and_returns_an_mp4(studio):
     job = generate_video(client, steps=6)
     status, _, media = job.result(timeout=60)
     assert (status["state"], status["step"], status["total"], status["seed"]) == ("completed", 6, 6, 5)
-    previews = [output[1] for output in streamed(job) if output[1]]
-    assert len(previews) >= 3  # a preview every step, each every latent frame as a looping GIF
+    with_preview = [output for output in streamed(job) if output[1]]
+    # preview_every=1: a preview after every step but the last (the video itself comes then),
+    # each one every latent frame as a looping GIF.
+    assert [output[0]["step"] for output in with_preview] == [1, 2, 3, 4, 5]
+    previews = [output[1] for output in with_preview]
     with Image.open(previews[-1]) as gif:
         assert gif.format == "GIF" and gif.n_frames == 3  # 9 frames -> 3 latent frames
     frames = imageio_ffmpeg.read_frames(video_path(media))
