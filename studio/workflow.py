@@ -26,7 +26,7 @@ WORKFLOW_VERSION = 1
 # Bounds on what one workflow may hold: a hand-built graph has tens of nodes. The byte limit holds
 # however a workflow arrives: JSON text by its UTF-8 bytes, a decoded object by its compact JSON.
 MAX_WORKFLOW_BYTES = 256 * 1024
-MAX_JSON_DEPTH = 16  # lists and objects inside each other; the format itself needs 5
+MAX_WORKFLOW_DEPTH = 16  # lists and objects inside each other; the format itself needs 5
 MAX_NODES = 200
 MAX_LINKS = 400
 MAX_ID_CHARS = 64
@@ -296,18 +296,18 @@ def _utf8_bytes(text: str) -> int:
 
 def _too_deep() -> WorkflowError:
     return WorkflowError([Problem(
-        f"the workflow nests lists and objects more than {MAX_JSON_DEPTH} levels deep; "
-        f"at most {MAX_JSON_DEPTH} are allowed.")])
+        f"the workflow nests lists and objects more than {MAX_WORKFLOW_DEPTH} levels deep; "
+        f"at most {MAX_WORKFLOW_DEPTH} are allowed.")])
 
 
 def _check_depth(value: object) -> None:
-    """Refuse lists and objects nested more than MAX_JSON_DEPTH deep (WorkflowError). Walks with
+    """Refuse lists and objects nested more than MAX_WORKFLOW_DEPTH deep (WorkflowError). Walks with
     its own stack, so no nesting recurses it."""
     containers = (dict, list, tuple)
     pending = [(value, 1)] if isinstance(value, containers) else []
     while pending:
         item, depth = pending.pop()
-        if depth > MAX_JSON_DEPTH:
+        if depth > MAX_WORKFLOW_DEPTH:
             raise _too_deep()
         members = item.values() if isinstance(item, dict) else item
         pending.extend((member, depth + 1) for member in members if isinstance(member, containers))

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from studio.workflow import (
-    MAX_JSON_DEPTH,
+    MAX_WORKFLOW_DEPTH,
     MAX_NODES,
     MAX_VALUE_CHARS,
     MAX_WORKFLOW_BYTES,
@@ -222,9 +222,9 @@ def nested(levels: int) -> list:
 
 def test_nesting_deeper_than_the_limit_is_refused_as_object_or_text_without_recursing():
     # The workflow object, its node list, a node and its values are 4 levels; a value adds its own.
-    deepest = workflow([node("p", "prompt", text="a", notes=nested(MAX_JSON_DEPTH - 4)), SAMPLER], [TO_SAMPLER])
+    deepest = workflow([node("p", "prompt", text="a", notes=nested(MAX_WORKFLOW_DEPTH - 4)), SAMPLER], [TO_SAMPLER])
     assert len(compiled(deepest["nodes"], deepest["links"]).branches) == 1
-    too_deep = workflow([node("p", "prompt", text="a", notes=nested(MAX_JSON_DEPTH - 3)), SAMPLER], [TO_SAMPLER])
+    too_deep = workflow([node("p", "prompt", text="a", notes=nested(MAX_WORKFLOW_DEPTH - 3)), SAMPLER], [TO_SAMPLER])
     message = "the workflow nests lists and objects more than 16 levels deep; at most 16 are allowed."
     assert problems(None, None, source=too_deep) == [(None, None, message)]
     assert problems(None, None, source=json.dumps(too_deep)) == [(None, None, message)]
