@@ -26,7 +26,14 @@ from typing import Hashable, Mapping
 from engine.activity import EngineActivity
 from engine.cost import RequestCost, request_cost
 from engine.events import Failed, RequestHandle, deliver_pending
-from engine.limits import EngineClosedError, EngineFailedError, QueueFullError, ServingLimits, SessionLimitError
+from engine.limits import (
+    EngineClosedError,
+    EngineFailedError,
+    QueueFullError,
+    ServingLimits,
+    SessionLimitError,
+    counting_no_room,
+)
 from engine.metrics import EngineMetrics
 from engine.models import ModelBatchKey, ModelSet
 from engine.request import Request, RequestStatus
@@ -286,13 +293,8 @@ class Engine:
             if self._failure is not None:
                 raise EngineFailedError(f"{self._failure}; no new requests are accepted.")
             raise EngineClosedError("the engine is shutting down; no new requests are accepted.")
-        try:
+        with counting_no_room(self.metrics.requests_rejected, count_no_room):
             self._check_room(request)
-        except (QueueFullError, SessionLimitError) as refusal:
-            if count_no_room:
-                reason = "queue_full" if isinstance(refusal, QueueFullError) else "session_limit"
-                self.metrics.requests_rejected.labels(reason).inc()
-            raise
 
     def _check_room(self, request: Request) -> None:
         """QueueFullError or SessionLimitError when the queue or the request's session is full (under the lock)."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
+from typing import Iterator
 
 from pipelines.interface import PipelineInfo
 from pipelines.params import GenerationParams
@@ -26,6 +28,19 @@ class EngineClosedError(AdmissionError):
 
 class EngineFailedError(EngineClosedError):
     """The engine thread crashed: nothing runs until the process is restarted."""
+
+
+@contextlib.contextmanager
+def counting_no_room(rejected, count: bool = True) -> Iterator[None]:
+    """Counts a QueueFullError or SessionLimitError raised inside as one refusal in `rejected` (a
+    Prometheus counter labelled by reason), unless `count` is False: a caller that keeps the request
+    waiting (a workflow run's own queue) has not been refused. The engine and the Ray facade share it."""
+    try:
+        yield
+    except (QueueFullError, SessionLimitError) as refusal:
+        if count:
+            rejected.labels("queue_full" if isinstance(refusal, QueueFullError) else "session_limit").inc()
+        raise
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ from engine import (
 )
 from engine.engine import SHUTDOWN_REASON
 from engine.events import FINAL_EVENTS, deliver_pending
+from engine.limits import counting_no_room
 from engine.models import ModelSet
 from pipelines.interface import PipelineInfo
 from serve.board import ReplicaBoard, ReplicatedSnapshot
@@ -355,13 +356,8 @@ class ReplicatedEngine:
         if self._closed:
             self.metrics.requests_rejected.labels("closed").inc()
             raise EngineClosedError("the studio is shutting down; no new requests are accepted.")
-        try:
+        with counting_no_room(self.metrics.requests_rejected, count_no_room):
             self._check_room(flight)
-        except (QueueFullError, SessionLimitError) as refusal:
-            if count_no_room:
-                reason = "queue_full" if isinstance(refusal, QueueFullError) else "session_limit"
-                self.metrics.requests_rejected.labels(reason).inc()
-            raise
 
     def _check_room(self, flight: _Flight) -> None:
         """QueueFullError or SessionLimitError when the queue or the flight's session is full (under the lock)."""
