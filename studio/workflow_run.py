@@ -173,6 +173,11 @@ class WorkflowRun:
         with self._lock:
             self._cancel_requests.append(index)
             loop, inbox = self._loop, self._inbox
+            submitted = [handle for i, handle in self._handles.items() if index is None or i == index]
+        # Submitted branches are told at once (non-blocking), so the engine stops them at its next
+        # step boundary whatever the run's own loop is doing; the loop marks the waiting ones.
+        for handle in submitted:
+            handle.cancel()
         if loop is not None and inbox is not None:
             try:
                 loop.call_soon_threadsafe(inbox.put_nowait, ("wake", None))
@@ -263,7 +268,8 @@ class WorkflowRun:
                 self._next_to_submit += 1
                 continue
             index = progress.branch.index
-            self._handles[index] = handle
+            with self._lock:  # cancels read the handles from other threads
+                self._handles[index] = handle
             self.branches[index] = replace(progress, request_id=handle.request_id, state=QUEUED)
             listeners.append(asyncio.ensure_future(self._listen(index, handle, inbox)))
             self._next_to_submit += 1
