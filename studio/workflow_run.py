@@ -155,6 +155,7 @@ class WorkflowRun:
         self._lock = threading.Lock()  # cancels may come from other threads
         self._cancel_requests: list[int | None] = []  # None = the whole run
         self._grid_cache: dict[str, tuple[int, Image.Image]] = {}
+        self._told: set[int] = set()  # branches whose engine request was asked to cancel (once each)
         self._waiting_counted = 0  # this run's share of the engine's branches-waiting gauge
 
     # ------------------------------------------------------------------ control (any thread)
@@ -173,11 +174,12 @@ class WorkflowRun:
         with self._lock:
             self._cancel_requests.append(index)
             loop, inbox = self._loop, self._inbox
-            submitted = [handle for i, handle in self._handles.items() if index is None or i == index]
+            submitted = [i for i in self._handles if (index is None or i == index) and i not in self._told]
+            self._told.update(submitted)
         # Submitted branches are told at once (non-blocking), so the engine stops them at its next
         # step boundary whatever the run's own loop is doing; the loop marks the waiting ones.
-        for handle in submitted:
-            handle.cancel()
+        for i in submitted:
+            self._handles[i].cancel()
         if loop is not None and inbox is not None:
             try:
                 loop.call_soon_threadsafe(inbox.put_nowait, ("wake", None))
@@ -233,7 +235,11 @@ class WorkflowRun:
                 if handle is None:  # still in the run's own queue: it never reaches the engine
                     self.branches[i] = replace(self.branches[i], state=ABORTED, message="cancelled before it started")
                 else:
-                    handle.cancel()  # the engine's Aborted event ends it at the next step boundary
+                    with self._lock:  # submitted after the cancel was asked: tell the engine now
+                        told = i in self._told
+                        self._told.add(i)
+                    if not told:
+                        handle.cancel()  # the engine's Aborted event ends it at the next step boundary
 
     def _count_waiting(self, ended: bool = False) -> None:
         """Bring this run's share of the engine's gauge of waiting branches up to date (to 0 once
