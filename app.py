@@ -20,7 +20,13 @@ import secrets
 import sys
 from typing import NoReturn
 
-from studio.config import MODES, StudioOptions, parse_api_key, parse_auth, read_api_keys_file
+from studio.config import (
+    MODES,
+    StudioOptions,
+    parse_api_key,
+    parse_auth,
+    read_api_keys_file,
+)
 
 log = logging.getLogger("stepstudio")
 
@@ -204,13 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
 
-    from studio.temp_files import use_private_cache_folder
+    from studio.server.temp_files import use_private_cache_folder
 
-    use_private_cache_folder()  # before gradio is imported (studio/temp_files.py says why)
+    use_private_cache_folder()  # before gradio is imported (studio/server/temp_files.py says why)
     if args.replicas:
         return run_replicas(parser, args, config)
 
-    from studio.server import StudioServer, bind_socket
+    from studio.server.app import StudioServer, bind_socket
 
     try:  # before the model loads: a busy port is an error now, not after minutes of loading
         sock = bind_socket(config.host, config.port)
@@ -224,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
 
     from engine import Engine
-    from studio.server import build_app
+    from studio.server.app import build_app
 
     engine = Engine(pipelines, mode=config.mode, max_batch_requests=config.max_batch, limits=config.limits).start()
     if config.compile:
@@ -264,7 +270,7 @@ def run_replicas(parser: argparse.ArgumentParser, args: argparse.Namespace, conf
         from serve.local import run_local, serve_settings_for
     except ImportError as exc:
         parser.error(f"--replicas needs Ray Serve ({exc}): pip install -e '.[serve]'")
-    from studio.server import bind_socket
+    from studio.server.app import bind_socket
 
     try:  # a busy port is an error now, not after Ray and the replicas have started
         bind_socket(config.host, config.port).close()

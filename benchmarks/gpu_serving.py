@@ -30,7 +30,7 @@ from benchmarks.gpu_parity import RecordingPipeline, latent_bound, run_engine
 from benchmarks.gpu_stand_in import StandInFluxPipeline
 from benchmarks.serving import _drive, _engine_histogram_totals, summarize
 from benchmarks.systems import EngineSystem, Record, Ticket
-from benchmarks.workload import Workload, WorkItem, make_workload
+from benchmarks.workload import WorkItem, Workload, make_workload
 from engine import Completed, Engine, GenerationParams, ServingLimits
 
 LIMITS = ServingLimits(max_steps=1000, max_size=4096, max_queue=100_000, max_per_session=100_000)

@@ -19,7 +19,16 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.workload import WorkItem
-from engine import Aborted, Completed, Engine, Failed, GenerationParams, Progress, ServingLimits, Started
+from engine import (
+    Aborted,
+    Completed,
+    Engine,
+    Failed,
+    GenerationParams,
+    Progress,
+    ServingLimits,
+    Started,
+)
 from pipelines.interface import Batch, RequestState
 from pipelines.loader import load_pipeline
 
@@ -248,7 +257,7 @@ class HttpSystem:
         import uvicorn
         from fastapi import FastAPI
 
-        from studio.http_api import build_router
+        from studio.api.http_routes import build_router
 
         inner = EngineSystem(model, mode="step", max_batch=max_batch, preview_every=0)
         self.guidance_scale = guidance_scale

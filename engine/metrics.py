@@ -27,7 +27,7 @@ class EngineMetrics:
         self.errors = Counter("stepstudio_errors", "Requests ended by an error, by failing stage", ["stage"], registry=r)
         self.queue_depth = Gauge("stepstudio_queue_depth", "Requests waiting to be admitted", registry=r)
         self.running = Gauge("stepstudio_running_requests", "Requests admitted and not finished", registry=r)
-        # Set by the studio's workflow runs (studio/workflow_run.py), which submit through this engine.
+        # Set by the studio's workflow runs (studio/workflows/run.py), which submit through this engine.
         self.branches_waiting = Gauge(
             "stepstudio_workflow_branches_waiting",
             "Workflow branches waiting in their run's own queue for room in their session (not yet submitted)",

@@ -16,9 +16,15 @@ import signal
 import threading
 from typing import Iterator
 
-from serve.application import APP_NAME, ENGINE_DEPLOYMENT, build_application, engine_deployment
+from serve.application import (
+    APP_NAME,
+    ENGINE_DEPLOYMENT,
+    build_application,
+    engine_deployment,
+)
 from serve.replicated_engine import ReplicatedEngine
-from serve.settings import ServeSettings, serve_settings_for as settings_for_deployment
+from serve.settings import ServeSettings
+from serve.settings import serve_settings_for as settings_for_deployment
 from studio.config import StudioOptions
 
 log = logging.getLogger("stepstudio")

@@ -32,7 +32,14 @@ from engine import AdmissionError, Engine, GenerationParams
 from engine.cost import request_cost
 from engine.models import ModelBatchKey
 from serve.settings import ReplicaSettings
-from serve.wire import Admitted, Prepared, Rejected, ReplicaDescription, ReplicaReport, event_to_wire
+from serve.wire import (
+    Admitted,
+    Prepared,
+    Rejected,
+    ReplicaDescription,
+    ReplicaReport,
+    event_to_wire,
+)
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,8 @@ import uuid
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client import Counter as PromCounter
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import DeploymentUnavailableError, RequestCancelledError
 

@@ -17,7 +17,12 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+from ray.serve.request_router import (
+    PendingRequest,
+    ReplicaID,
+    RequestRouter,
+    RunningReplica,
+)
 
 from serve.routing import RoutingTable, preference_order
 

@@ -8,7 +8,6 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-
 DEFAULT_FPS = 16
 
 

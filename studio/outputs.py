@@ -8,7 +8,7 @@ Images are PNGs carrying a `parameters` text chunk in AUTOMATIC1111's format (re
 tools that read those) and, when they came from the node editor, a `workflow` chunk with the
 workflow JSON (dropping such a PNG onto the editor loads it). Videos are MP4s with a PNG poster
 frame beside them that carries the same chunks. Every save appends one line to its owner's
-history file, which the History view reads; owner keys come from `studio.history_owners` (a
+history file, which the History view reads; owner keys come from `studio.server.history_owners` (a
 browser's signed token, or an API caller's session, under the server's secret), so a reload finds
 its results and nobody can list another caller's.
 
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import json
+import logging
 import math
 import re
 import struct
@@ -32,13 +32,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from PIL import Image
-from PIL import PngImagePlugin
+from PIL import Image, PngImagePlugin
 from PIL.PngImagePlugin import PngInfo
 
 from engine import Completed, GenerationParams
-from pipelines.params import MAX_FRAMES_ABSOLUTE, MAX_SEED, MAX_SIZE_ABSOLUTE, MAX_STEPS_ABSOLUTE, MIN_SIZE
-from studio.history_owners import HistoryOwners, is_owner_key
+from pipelines.params import (
+    MAX_FRAMES_ABSOLUTE,
+    MAX_SEED,
+    MAX_SIZE_ABSOLUTE,
+    MAX_STEPS_ABSOLUTE,
+    MIN_SIZE,
+)
+from studio.server.history_owners import HistoryOwners, is_owner_key
 
 HISTORY_FOLDER = "history"
 log = logging.getLogger(__name__)

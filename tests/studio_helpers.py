@@ -9,7 +9,7 @@ from pathlib import Path
 
 from engine import Engine
 from studio.config import StudioOptions
-from studio.server import StudioServer, build_app
+from studio.server.app import StudioServer, build_app
 
 
 @contextlib.contextmanager

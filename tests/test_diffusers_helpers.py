@@ -4,11 +4,11 @@ diffusers versions pyproject.toml allows (pipelines/diffusers_api.py lists them)
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import diffusers
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 
 from pipelines.diffusers_api import RELIED_ON, check_relied_on, problems

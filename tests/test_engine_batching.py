@@ -4,7 +4,13 @@ import numpy as np
 
 from engine import Completed, Progress, Queued, Started
 from pipelines.toy import ToyPipeline
-from tests.engine_helpers import engine_started_after, params, pixels, running_engine, solo_pixels
+from tests.engine_helpers import (
+    engine_started_after,
+    params,
+    pixels,
+    running_engine,
+    solo_pixels,
+)
 
 
 def _run_all(mode, requests, max_batch_requests=8):

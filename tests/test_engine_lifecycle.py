@@ -7,7 +7,15 @@ import weakref
 
 import pytest
 
-from engine import Aborted, Completed, Engine, EngineClosedError, Progress, Queued, Started
+from engine import (
+    Aborted,
+    Completed,
+    Engine,
+    EngineClosedError,
+    Progress,
+    Queued,
+    Started,
+)
 from pipelines.toy import ToyPipeline
 from tests.engine_helpers import StepGate, engine_started_after, params, running_engine
 

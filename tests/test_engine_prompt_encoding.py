@@ -4,7 +4,13 @@ import numpy as np
 
 from engine import Completed
 from pipelines.toy import ToyPipeline
-from tests.engine_helpers import engine_started_after, params, pixels, running_engine, solo_pixels
+from tests.engine_helpers import (
+    engine_started_after,
+    params,
+    pixels,
+    running_engine,
+    solo_pixels,
+)
 
 
 def test_requests_joining_one_step_are_encoded_in_one_call():

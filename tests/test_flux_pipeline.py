@@ -21,8 +21,17 @@ from pipelines.interface import StepPipeline
 from pipelines.latent_preview import fit_projection, projection_for
 from pipelines.loader import load_pipeline
 from pipelines.studio_config import StudioConfig
-from tests.pipeline_parity import SIZE, ForwardLog, Run, assert_same, assert_step_outputs_match
-from tests.pipeline_parity import finished, request, run_joining_together, tiny_family
+from tests.pipeline_parity import (
+    SIZE,
+    ForwardLog,
+    Run,
+    assert_same,
+    assert_step_outputs_match,
+    finished,
+    request,
+    run_joining_together,
+    tiny_family,
+)
 from tests.protocol_driver import drive
 from tests.tiny_checkpoints import T5_LENGTH, build_tiny_flux, build_tiny_flux_dev
 

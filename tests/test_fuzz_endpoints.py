@@ -15,15 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.stress import Endpoints, crafted_png
 from engine import Engine
 from pipelines.toy import ToyPipeline
+from studio.api.http_routes import ImageGenerationRequest
 from studio.config import StudioOptions
-from benchmarks.stress import Endpoints, crafted_png
+from studio.server.app import StudioServer, build_app
+from studio.server.guards import MAX_JSON_DEPTH
+from studio.workflows.format import MAX_WORKFLOW_BYTES
 from tests.test_history_owners import png_with_texts
-from studio.guards import MAX_JSON_DEPTH
-from studio.http_api import ImageGenerationRequest
-from studio.server import StudioServer, build_app
-from studio.workflow import MAX_WORKFLOW_BYTES
 
 SETTINGS = dict(deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 TALLY: dict[str, int] = {}  # bad inputs tried, per fuzz test

@@ -1,6 +1,6 @@
 """Gradio's door of the studio under hostile or careless callers: bodies nested too deep, bad
 session hashes, a second stream on someone's session, and gradio_client's `job.cancel()`
-with two jobs of one endpoint running (studio.guards in front of Gradio's routes)."""
+with two jobs of one endpoint running (studio.server.guards in front of Gradio's routes)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from PIL import Image
 
 from pipelines.loader import load_pipeline
 from pipelines.toy import ToyPipeline
-from studio.guards import MAX_JSON_DEPTH
+from studio.server.guards import MAX_JSON_DEPTH
 from tests.engine_helpers import StepGate
 from tests.studio_helpers import live_studio, statuses, wait_for
 from tests.test_http_api import wait_until

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from engine import Engine, GenerationParams, Progress
 from pipelines.toy import ToyPipeline
-from studio.graph_view import build_nodes, render_graph
+from studio.page.graph_view import build_nodes, render_graph
 
 
 def _node(svg: str, stage: str) -> str:

@@ -19,9 +19,9 @@ from benchmarks.stress import crafted_pngs
 from engine import Completed, GenerationParams, Timings
 from pipelines.toy import ToyPipeline
 from studio.bridge import session_id_of
-from studio.history_owners import SECRET_FILE, HistoryOwners, legacy_owner_key
 from studio.outputs import OutputStore, UnreadablePng, parse_infotext, png_texts
-from studio.simple_tab import GUIDANCE_RANGE, ModelForm
+from studio.page.simple_tab import GUIDANCE_RANGE, ModelForm
+from studio.server.history_owners import SECRET_FILE, HistoryOwners, legacy_owner_key
 from tests.studio_helpers import live_studio
 
 SECRET = b"a test secret that is 32 bytes.."

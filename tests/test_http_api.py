@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine import Completed, Engine, GenerationParams, ServingLimits
 from pipelines.toy import ToyPipeline
-from studio.http_api import HttpApiConfig, build_router
-from studio.image_files import ImageFileStore
+from studio.api.http_routes import HttpApiConfig, build_router
+from studio.api.image_files import ImageFileStore
 from tests.engine_helpers import StepGate
 
 

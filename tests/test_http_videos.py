@@ -25,11 +25,11 @@ from engine import (
     Started,
 )
 from pipelines.loader import load_pipeline
-from studio.http_api import HttpApiConfig
+from studio.api.http_routes import HttpApiConfig
+from studio.api.video_files import VideoFiles
+from studio.api.video_jobs import VideoError, VideoJob, VideoJobStore, VideoStoreFull
 from studio.media import write_mp4
 from studio.outputs import OutputStore
-from studio.video_files import VideoFiles
-from studio.video_jobs import VideoError, VideoJob, VideoJobStore, VideoStoreFull
 from tests.engine_helpers import StepGate
 from tests.test_http_api import FakeClock, assert_openai_error, serving, wait_until
 from tests.tiny_checkpoints import build_tiny_flux, build_tiny_wan

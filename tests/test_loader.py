@@ -7,7 +7,12 @@ import torch
 
 from engine import Engine, GenerationParams
 from engine.warmup import warm_up
-from pipelines.loader import LoadOptions, compile_denoiser, load_pipeline, resolve_device_dtype
+from pipelines.loader import (
+    LoadOptions,
+    compile_denoiser,
+    load_pipeline,
+    resolve_device_dtype,
+)
 from pipelines.toy import ToyPipeline
 
 

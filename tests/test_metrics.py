@@ -6,7 +6,13 @@ import pytest
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import EngineClosedError, GenerationParams, QueueFullError, ServingLimits, SessionLimitError
+from engine import (
+    EngineClosedError,
+    GenerationParams,
+    QueueFullError,
+    ServingLimits,
+    SessionLimitError,
+)
 from tests.test_http_api import metric, raw_post, running_api, wait_until
 
 FAMILIES = {

@@ -3,7 +3,12 @@ import itertools
 import numpy as np
 import pytest
 
-from tools.evaluate_video import MIN_TRAVEL_PIXELS, evaluate_videos, measure_video, score_video
+from tools.evaluate_video import (
+    MIN_TRAVEL_PIXELS,
+    evaluate_videos,
+    measure_video,
+    score_video,
+)
 from tools.moving_shapes_world import (
     DIRECTIONS,
     FRAME_SIZE,

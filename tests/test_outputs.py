@@ -12,8 +12,8 @@ from PIL import Image
 
 from engine import Completed, GenerationParams, Timings
 from studio.media import write_mp4
-from studio.history_owners import HistoryOwners
 from studio.outputs import OutputStore, infotext, parse_infotext, png_texts
+from studio.server.history_owners import HistoryOwners
 
 PARAMS = GenerationParams(prompt="a red circle, left", negative_prompt="blurry: bad", width=64, height=48,
                           num_inference_steps=20, guidance_scale=3.5, seed=1234, num_frames=1, scheduler="euler")

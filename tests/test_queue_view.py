@@ -8,7 +8,13 @@ import pytest
 
 from engine import Engine, GenerationParams
 from pipelines.toy import ToyPipeline
-from studio.queue_view import HIDDEN_PROMPT, format_seconds, render_queue, short_id, snapshot_as_dict
+from studio.page.queue_view import (
+    HIDDEN_PROMPT,
+    format_seconds,
+    render_queue,
+    short_id,
+    snapshot_as_dict,
+)
 from tests.engine_helpers import StepGate
 
 

@@ -13,7 +13,14 @@ from diffusers import QwenImagePipeline
 
 from engine import Engine, Progress
 from pipelines.qwen_image import QwenImageStepPipeline
-from tests.pipeline_parity import Run, assert_same, finished, request, run_joining_together, tiny_family
+from tests.pipeline_parity import (
+    Run,
+    assert_same,
+    finished,
+    request,
+    run_joining_together,
+    tiny_family,
+)
 from tests.tiny_checkpoints import build_tiny_qwen_image
 
 

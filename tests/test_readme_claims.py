@@ -29,8 +29,8 @@ from engine import Engine, GenerationParams, ServingLimits
 from pipelines.interface import ModelDefaults
 from pipelines.loader import BUILTIN_VIDEO_MODEL_DIR, load_pipeline
 from pipelines.toy import ToyPipeline
+from studio.api.http_routes import HttpApiConfig
 from studio.config import StudioOptions
-from studio.http_api import HttpApiConfig
 from tests.engine_helpers import StepGate
 from tests.studio_helpers import live_studio
 from tests.test_http_api import assert_openai_error, serving, wait_until

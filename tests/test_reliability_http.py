@@ -13,7 +13,7 @@ import pytest
 
 from engine import Engine, Failed, GenerationParams, ServingLimits
 from pipelines.toy import ToyPipeline
-from studio.http_api import HttpApiConfig, build_router
+from studio.api.http_routes import HttpApiConfig, build_router
 from tests.engine_helpers import StepGate
 from tests.test_http_api import assert_openai_error, raw_post, running_api, wait_until
 

@@ -18,8 +18,8 @@ from engine import Engine
 from pipelines.toy import ToyPipeline
 from studio.bridge import session_id_of
 from studio.config import StudioOptions
-from studio.server import StudioServer, build_app
-from studio.temp_files import delete_temp_files
+from studio.server.app import StudioServer, build_app
+from studio.server.temp_files import delete_temp_files
 from tests.engine_helpers import StepGate
 from tests.test_http_api import assert_openai_error, raw_post, wait_until
 

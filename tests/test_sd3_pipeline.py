@@ -11,8 +11,17 @@ from diffusers.utils import logging as diffusers_logging
 from engine import GenerationParams, Progress
 from pipelines.loader import load_pipeline
 from pipelines.sd3 import SD3BatchKey, SD3StepPipeline
-from tests.pipeline_parity import SIZE, ForwardLog, Run, assert_same, assert_step_outputs_match
-from tests.pipeline_parity import finished, request, run_joining_together, tiny_family
+from tests.pipeline_parity import (
+    SIZE,
+    ForwardLog,
+    Run,
+    assert_same,
+    assert_step_outputs_match,
+    finished,
+    request,
+    run_joining_together,
+    tiny_family,
+)
 from tests.protocol_driver import drive
 from tests.tiny_checkpoints import T5_LENGTH, build_tiny_sd3
 

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install -e '.[serve]')")
 
-from studio.server import free_port  # noqa: E402
+from studio.server.app import free_port  # noqa: E402
 from tests.studio_helpers import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.slow

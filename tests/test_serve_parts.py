@@ -31,8 +31,14 @@ from engine.snapshot import StageStats
 from serve.board import ReplicaBoard
 from serve.routing import RESERVATION_TTL_S, ReplicaLoad, RoutingTable, preference_order
 from serve.settings import ServeSettings, settings_from_args
-from serve.wire import Rejected, ReplicaReport, WireProgress, event_from_wire, event_to_wire
-from studio.ui import render_queues
+from serve.wire import (
+    Rejected,
+    ReplicaReport,
+    WireProgress,
+    event_from_wire,
+    event_to_wire,
+)
+from studio.page.ui import render_queues
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -241,7 +247,7 @@ def test_the_queue_view_has_one_table_per_replica():
 def test_the_default_app_never_imports_ray():
     code = ("import sys, app\n"
             "app.build_parser().parse_args(['--replicas', '2'])\n"
-            "import studio.server, engine\n"
+            "import studio.server.app, engine\n"
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.') or m == 'serve'))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -35,7 +35,7 @@ from engine import (  # noqa: E402
 from pipelines.toy import ToyPipeline  # noqa: E402
 from serve.local import local_replicas  # noqa: E402
 from serve.settings import ReplicaSettings, ServeSettings  # noqa: E402
-from studio.ui import render_queues  # noqa: E402
+from studio.page.ui import render_queues  # noqa: E402
 
 STEP_S = 0.05
 MAX_BATCH = 4

@@ -25,7 +25,15 @@ from engine import Engine, GenerationParams, Progress
 from pipelines.loader import LoadOptions, load_pipeline
 from pipelines.sdxl import StableDiffusionXLStepPipeline
 from pipelines.stable_diffusion import StableDiffusionStepPipeline
-from tests.pipeline_parity import Reference, Run, TinyFamily, assert_same, finished, request, run_joining_together
+from tests.pipeline_parity import (
+    Reference,
+    Run,
+    TinyFamily,
+    assert_same,
+    finished,
+    request,
+    run_joining_together,
+)
 from tests.tiny_checkpoints import build_tiny_sd, build_tiny_sdxl
 
 # The diffusers class each scheduler name must stand for (None: the checkpoint's own).

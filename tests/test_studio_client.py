@@ -19,7 +19,7 @@ from PIL import Image
 from engine import Engine
 from pipelines.toy import ToyPipeline
 from studio.config import StudioOptions
-from studio.server import StudioServer, build_app
+from studio.server.app import StudioServer, build_app
 from tests.engine_helpers import StepGate, spy_on_submits
 from tests.studio_helpers import live_studio, statuses, streamed, wait_for
 

@@ -4,7 +4,12 @@ import math
 
 import torch
 
-from tools.training_loop import cosine_lr, ema_update, progress_fraction, save_atomically
+from tools.training_loop import (
+    cosine_lr,
+    ema_update,
+    progress_fraction,
+    save_atomically,
+)
 
 
 def test_progress_is_whichever_comes_first_steps_or_time():

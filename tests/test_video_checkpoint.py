@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from tools.evaluate_video import evaluate_videos, generate, load_pipeline
-from tools.moving_shapes_world import MotionSpec, is_held_out, parse_caption, render, vocabulary
+from tools.moving_shapes_world import (
+    MotionSpec,
+    is_held_out,
+    parse_caption,
+    render,
+    vocabulary,
+)
 from tools.train_video import to_video_tensor
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "shapes-wan"

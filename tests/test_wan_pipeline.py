@@ -20,8 +20,17 @@ from pipelines.loader import LoadOptions, load_pipeline
 from pipelines.studio_config import StudioConfig
 from pipelines.wan import WanBatchKey, WanStepPipeline
 from pipelines.wan_vae import WAN_LATENTS_MEAN, wan_vae_projection
-from tests.pipeline_parity import SIZE, Reference, Run, assert_close, assert_same
-from tests.pipeline_parity import finished, request, run_joining_together, tiny_family
+from tests.pipeline_parity import (
+    SIZE,
+    Reference,
+    Run,
+    assert_close,
+    assert_same,
+    finished,
+    request,
+    run_joining_together,
+    tiny_family,
+)
 from tests.protocol_driver import drive
 from tests.tiny_checkpoints import T5_LENGTH, build_tiny_wan, build_tiny_wan22
 

@@ -16,7 +16,7 @@ from PIL import Image
 
 from pipelines.toy import ToyPipeline
 from studio.outputs import parse_infotext, png_texts
-from studio.workflow_ui import EXAMPLES_DIR
+from studio.page.workflow_tab import EXAMPLES_DIR
 from tests.engine_helpers import StepGate
 from tests.studio_helpers import live_studio, statuses, wait_for
 
@@ -208,7 +208,7 @@ def test_a_workflow_object_over_the_byte_limit_is_refused_with_its_size(client, 
 
 def test_the_branch_limit_comes_from_the_command_line(studio):
     from app import build_parser, config_from_args
-    from studio.workflow_ui import workflow_limits
+    from studio.page.workflow_tab import workflow_limits
 
     config = config_from_args(build_parser().parse_args(["--model", "toy", "--max-branches", "3"]))
     limits = workflow_limits(studio[1], config)

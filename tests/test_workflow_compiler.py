@@ -8,17 +8,22 @@ import sys
 
 import pytest
 
-from studio.workflow import (
-    MAX_WORKFLOW_DEPTH,
+from studio.workflows.compiler import (
+    ModelLimits,
+    WorkflowLimits,
+    compile_workflow,
+    with_run_settings,
+)
+from studio.workflows.format import (
     MAX_NODES,
     MAX_VALUE_CHARS,
     MAX_WORKFLOW_BYTES,
+    MAX_WORKFLOW_DEPTH,
     WorkflowError,
     json_bytes,
     node_type_specs,
     parse_workflow,
 )
-from studio.workflow_compiler import ModelLimits, WorkflowLimits, compile_workflow, with_run_settings
 
 LIMITS = WorkflowLimits((ModelLimits(max_steps=100, max_size=256, size_multiple=16, schedulers=("euler", "ddim"),
                                      uses_negative_prompt=True),), max_branches=64)
@@ -391,7 +396,7 @@ def test_node_type_specs_describe_ports_fields_and_model_defaults():
 
 
 def test_the_compiler_imports_neither_gradio_nor_torch():
-    code = ("import sys; import studio.workflow_compiler, studio.workflow; "
+    code = ("import sys; import studio.workflows.compiler, studio.workflows.format; "
             "print(sorted(m for m in ('torch', 'gradio', 'diffusers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

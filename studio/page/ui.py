@@ -1,13 +1,13 @@
 """The studio's page: three tabs over one shared engine, and the live pipeline and queue views.
 
-    Workflow   the node editor (studio/workflow_ui.py), the default tab
-    Simple     a form with its own queue (studio/simple_tab.py)
-    History    this browser's saved results (studio/history_tab.py)
+    Workflow   the node editor (studio/page/workflow_tab.py), the default tab
+    Simple     a form with its own queue (studio/page/simple_tab.py)
+    History    this browser's saved results (studio/page/history_tab.py)
 
 Each part has its own module that builds its components and wires its events; this one lays
 them out and connects what they share: the engine, the run registry, the output store, the
 browser's token and the tabs. The named API endpoints are wired here too
-(studio/api_endpoints.py, and `/run_workflow` with the editor).
+(studio/api/gradio_endpoints.py, and `/run_workflow` with the editor).
 """
 
 from __future__ import annotations
@@ -19,18 +19,23 @@ from pathlib import Path
 import gradio as gr
 
 from engine import Engine
-from studio.api_endpoints import wire_api_endpoints
+from studio.api.gradio_endpoints import wire_api_endpoints
 from studio.bridge import session_id_of
 from studio.config import StudioOptions
-from studio.graph_view import GRAPH_CSS, render_graph
-from studio.history_tab import build_history_tab, wire_history_tab
 from studio.media import model_fps, write_mp4
 from studio.outputs import OutputStore
-from studio.queue_view import QUEUE_CSS, render_queue
-from studio.run_registry import RunRegistry
-from studio.simple_tab import build_simple_tab, wire_simple_tab
-from studio.tab_queue import TAB_QUEUE_CSS, TabResults
-from studio.workflow_ui import WorkflowRunner, build_workflow_tab, wire_workflow_api, wire_workflow_tab
+from studio.page.graph_view import GRAPH_CSS, render_graph
+from studio.page.history_tab import build_history_tab, wire_history_tab
+from studio.page.queue_view import QUEUE_CSS, render_queue
+from studio.page.simple_tab import build_simple_tab, wire_simple_tab
+from studio.page.tab_queue import TAB_QUEUE_CSS, TabResults
+from studio.page.workflow_tab import (
+    WorkflowRunner,
+    build_workflow_tab,
+    wire_workflow_api,
+    wire_workflow_tab,
+)
+from studio.workflows.registry import RunRegistry
 
 BROWSER_STORAGE_KEY = "stepstudio-browser"
 
@@ -114,7 +119,7 @@ def build_ui(engine: Engine, config: StudioOptions) -> gr.Blocks:
     runner = WorkflowRunner(engine, config, RunRegistry(), store)
     results = TabResults()
     with gr.Blocks(title=f"stepstudio · {' + '.join(engine.models.names)}") as demo:
-        # The History token (studio.history_owners), kept under a key that survives restarts.
+        # The History token (studio.server.history_owners), kept under a key that survives restarts.
         browser_token = gr.BrowserState("", storage_key=BROWSER_STORAGE_KEY, secret=store.owners.browser_state_secret)
         _build_header(engine)
         with gr.Tabs(elem_id="ss-tabs") as tabs:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from studio.workflow_run import WorkflowRun
+from studio.workflows.run import WorkflowRun
 
 KEEP_FINISHED_PER_SESSION = 8  # ended runs a session still sees in its queue list
 

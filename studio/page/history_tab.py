@@ -1,7 +1,7 @@
 """The History tab: a browser's saved results after any reload, newest first, and their settings.
 
 The browser keeps a token this server signed (`gr.BrowserState`, issued on its first visit);
-results are filed under a key derived from it (studio.history_owners), so a reload, or a new tab of
+results are filed under a key derived from it (studio.server.history_owners), so a reload, or a new tab of
 the same browser, finds them, and a token the server did not sign lists nothing.
 Selecting one shows its `parameters` text; "Use these settings again" fills the Simple tab's
 form, "Open its workflow" loads the workflow it came from into the editor. A PNG from anywhere
@@ -18,10 +18,16 @@ from PIL import Image
 
 from engine import Engine
 from studio.bridge import user_error
-from studio.history_owners import is_legacy_token, legacy_owner_key
-from studio.outputs import OutputStore, SavedOutput, UnreadablePng, parse_infotext, png_texts
-from studio.simple_tab import GUIDANCE_RANGE, ModelForm, SimpleForm
-from studio.workflow import WorkflowError, parse_workflow
+from studio.outputs import (
+    OutputStore,
+    SavedOutput,
+    UnreadablePng,
+    parse_infotext,
+    png_texts,
+)
+from studio.page.simple_tab import GUIDANCE_RANGE, ModelForm, SimpleForm
+from studio.server.history_owners import is_legacy_token, legacy_owner_key
+from studio.workflows.format import WorkflowError, parse_workflow
 
 SHOWN = 60  # newest results shown
 

@@ -33,18 +33,18 @@ from starlette.routing import Mount
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from engine import Engine
+from studio.api.http_routes import HttpApiConfig, build_router
 from studio.config import StudioOptions
-from studio.guards import StudioGuards, input_counts
-from studio.http_api import HttpApiConfig, build_router
-from studio.temp_files import TempFileSweeper
-from studio.throttle import FailedAttempts
-from studio.ui import STUDIO_CSS, build_ui, output_store
+from studio.page.ui import STUDIO_CSS, build_ui, output_store
+from studio.server.guards import StudioGuards, input_counts
+from studio.server.temp_files import TempFileSweeper
+from studio.server.throttle import FailedAttempts
 
 log = logging.getLogger(__name__)
 
 # Gradio runs at most this many events at once (its default of 40 would cap concurrent sessions).
 MAX_GRADIO_THREADS = 256
-# How often the temp files older than --temp-file-ttl are looked for (studio.temp_files).
+# How often the temp files older than --temp-file-ttl are looked for (studio.server.temp_files).
 TEMP_FILE_SWEEP_S = 300
 
 

@@ -10,7 +10,7 @@ from typing import Mapping
 
 from PIL import Image, ImageDraw, ImageFont
 
-from studio.workflow_compiler import GridLayout
+from studio.workflows.compiler import GridLayout
 
 CELL_MIN_PX = 128  # small images are enlarged (nearest neighbour) so labels stay readable
 PAD = 4

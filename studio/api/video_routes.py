@@ -19,7 +19,7 @@ was made: `seconds` is frames / fps, plus `num_frames` and `fps`.
 
 A job is one engine request of the caller's session (the images route's identity), so it
 shares forwards with everyone else's requests and counts against the caller's limits. Jobs and
-their files live in memory (studio.video_jobs); finished videos are also saved by the studio's
+their files live in memory (studio.api.video_jobs); finished videos are also saved by the studio's
 output store when it has one.
 """
 
@@ -42,19 +42,19 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 
 import engine
 from pipelines.params import MAX_PROMPT_CHARS, MAX_SEED
-from studio import http_errors
-from studio.http_api import (
+from studio.api import errors as http_errors
+from studio.api.errors import ApiError
+from studio.api.http_routes import (
     HttpApiConfig,
     _final_event,
     _parse_size,
     _read_body_in_time,
     resolve_model,
 )
-from studio.http_errors import ApiError
+from studio.api.video_files import MEDIA_TYPES, SUFFIXES, VARIANTS, encode_video_files
+from studio.api.video_jobs import VideoError, VideoJob, VideoJobStore, VideoStoreFull
 from studio.media import model_fps
 from studio.outputs import OutputStore, save_quietly
-from studio.video_files import MEDIA_TYPES, SUFFIXES, VARIANTS, encode_video_files
-from studio.video_jobs import VideoError, VideoJob, VideoJobStore, VideoStoreFull
 
 log = logging.getLogger(__name__)
 

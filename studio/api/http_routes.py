@@ -3,7 +3,7 @@
     POST /v1/images/generations      OpenAI Images request -> PNG images (b64_json or url)
     GET  /v1/images/files/{name}     the PNGs behind response_format="url" (expire after a while)
     /v1/videos[...]                  OpenAI Videos jobs: create, retrieve, list, content, delete
-                                     (studio.video_api)
+                                     (studio.api.video_routes)
     GET  /v1/models[/{model}]        every loaded model
     GET  /v1/openapi.json            this API's OpenAPI document
     GET  /healthz                    engine alive (details: queue depth, running requests)
@@ -12,7 +12,7 @@
 
 `build_router(engine)` returns a FastAPI router the studio's app includes. Every request body
 must be JSON, is size-capped, must arrive within a time limit, and is validated with strict
-types before the engine sees it; errors come back in OpenAI's shape (see `studio.http_errors`).
+types before the engine sees it; errors come back in OpenAI's shape (see `studio.api.errors`).
 The `n` images of one call are `n` engine requests submitted together, so they share denoise
 forwards with each other and with everyone else's. With API keys configured, every route but
 the image files and the health probe wants one, and wrong keys are slowed down per host.
@@ -41,10 +41,10 @@ from starlette.requests import ClientDisconnect
 
 import engine
 from pipelines.params import MAX_PROMPT_CHARS, MAX_SEED
-from studio import http_errors
-from studio.http_errors import ApiError
-from studio.image_files import ImageFileStore
-from studio.throttle import FailedAttempts, LockedOut
+from studio.api import errors as http_errors
+from studio.api.errors import ApiError
+from studio.api.image_files import ImageFileStore
+from studio.server.throttle import FailedAttempts, LockedOut
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -76,7 +76,7 @@ class HttpApiConfig:
     # host out for a minute (429).
     failed_key_delay_s: float = 1.0
     max_failed_keys: int = 10
-    # /v1/videos jobs (studio.video_jobs): a finished video stays downloadable this long; the
+    # /v1/videos jobs (studio.api.video_jobs): a finished video stays downloadable this long; the
     # store holds at most this many jobs and bytes, one caller at most video_jobs_per_caller.
     video_ttl_s: float = 3600.0
     video_store_max_jobs: int = 128
@@ -244,7 +244,9 @@ def build_router(
             return error.to_response()
         return Response(engine_.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-    from studio.video_api import add_video_routes  # here: video_api imports this module's helpers
+    from studio.api.video_routes import (
+        add_video_routes,  # here: video_api imports this module's helpers
+    )
 
     add_video_routes(router, engine_, config, caller, outputs)
     known = list(router.routes)
@@ -379,7 +381,7 @@ def _check_json_body(request: Request) -> None:
 
 async def _key_name(request: Request, config: HttpApiConfig, attempts: FailedAttempts) -> str | None:
     """The name of the caller's API key; None when the API needs no key. A wrong key costs
-    the caller's host a delay (and, repeated, a lockout): see studio.throttle."""
+    the caller's host a delay (and, repeated, a lockout): see studio.server.throttle."""
     if not config.api_keys:
         return None
     token = _bearer_token(request)

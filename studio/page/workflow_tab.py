@@ -1,9 +1,9 @@
 """The Workflow tab (a node editor) and the `/run_workflow` API, over the shared engine.
 
 The editor is a `gr.HTML` component: its value is the workflow JSON, kept current by the
-browser code in `studio/web/node_editor.js` (drawflow, vendored in `assets/vendor/drawflow`).
+browser code in `studio/page/web/node_editor.js` (drawflow, vendored in `assets/vendor/drawflow`).
 Run fires the component's `submit` event; the handler compiles the workflow
-(`studio.workflow_compiler`), runs it (`studio.workflow_run`) and streams the run's state back
+(`studio.workflows.compiler`), runs it (`studio.workflows.run`) and streams the run's state back
 into the editor's `run_state` prop, which the browser code draws on the nodes. The same run
 loop serves gradio_client callers through `/run_workflow`.
 """
@@ -24,15 +24,24 @@ from PIL import Image
 from engine import Engine, GenerationParams
 from studio.bridge import final_media, preview_image, session_id_of, user_error
 from studio.config import StudioOptions
-from studio.workflow import Problem, WorkflowError, node_type_specs, parse_workflow
-from studio.workflow_compiler import CompiledWorkflow, ModelLimits, WorkflowLimits, compile_workflow
 from studio.media import animated_gif, data_url, model_fps
 from studio.outputs import OutputStore, save_quietly
-from studio.run_registry import RunRegistry
-from studio.workflow_run import ABORTED, COMPLETED, BranchView, RunView, WorkflowRun
+from studio.workflows.compiler import (
+    CompiledWorkflow,
+    ModelLimits,
+    WorkflowLimits,
+    compile_workflow,
+)
+from studio.workflows.format import (
+    Problem,
+    WorkflowError,
+    node_type_specs,
+    parse_workflow,
+)
+from studio.workflows.registry import RunRegistry
+from studio.workflows.run import ABORTED, COMPLETED, BranchView, RunView, WorkflowRun
 
-
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WEB_DIR = Path(__file__).resolve().parent / "web"
 VENDOR_DIR = REPO / "assets" / "vendor" / "drawflow"
 EXAMPLES_DIR = REPO / "assets" / "workflows"
@@ -198,7 +207,7 @@ class WorkflowRunner:
 
     def owner_for(self, browser_token: object, session_id: str) -> str:
         """Whose history a result joins: the browser's, when this server signed its token (it
-        survives reloads), else the engine session's (API callers). See studio.history_owners."""
+        survives reloads), else the engine session's (API callers). See studio.server.history_owners."""
         return "" if self.outputs is None else self.outputs.owners.of(browser_token, session_id)
 
     def start(self, source: object, session_id: str) -> tuple[WorkflowRun, CompiledWorkflow]:

@@ -1,6 +1,6 @@
 """The named gradio_client endpoints for single requests: `/generate`, `/cancel` and `/queue`.
 
-(`/run_workflow` and `/cancel_workflow` live with the editor, in studio/workflow_ui.py.)
+(`/run_workflow` and `/cancel_workflow` live with the editor, in studio/page/workflow_tab.py.)
 Hidden components carry the endpoints' inputs and outputs, with no range clamping: the engine
 validates, so API callers get the engine's own messages. Finished images are saved like the
 page's (studio.outputs), under the caller's session.
@@ -17,20 +17,20 @@ import gradio as gr
 
 from engine import Completed, Engine, Failed, Progress
 from studio.bridge import (
-    user_error,
     RANDOM_SEED,
-    remove_files_older_than,
     FormValues,
     cancel_own_request,
     final_media,
     follow_request,
     preview_image,
+    remove_files_older_than,
     session_id_of,
+    user_error,
 )
 from studio.config import StudioOptions
 from studio.media import animated_gif, model_fps
 from studio.outputs import OutputStore, save_quietly
-from studio.queue_view import snapshot_as_dict
+from studio.page.queue_view import snapshot_as_dict
 
 PREVIEW_DIR = Path(tempfile.gettempdir()) / "stepstudio-previews"
 

@@ -46,9 +46,9 @@ from engine import (
     RequestHandle,
     Started,
 )
-from studio.grid import render_grid
-from studio.workflow import Problem, WorkflowError
-from studio.workflow_compiler import Branch, CompiledWorkflow, with_run_settings
+from studio.workflows.compiler import Branch, CompiledWorkflow, with_run_settings
+from studio.workflows.format import Problem, WorkflowError
+from studio.workflows.grid import render_grid
 
 RETRY_ADMISSION_S = 0.25  # when the engine refuses and none of the run's branches is in flight
 _SEED_RANGE = 2**32

@@ -7,7 +7,7 @@
   Gradio's login (a form) and its file upload (multipart; it only stores a file).
 - Gradio's login is slowed down per client host: a wrong password is answered after a delay,
   one attempt of a host at a time, and a run of them locks the host out (429): see
-  `studio.throttle` (shared with the HTTP API's key checks).
+  `studio.server.throttle` (shared with the HTTP API's key checks).
 - Gradio answers every error of a direct call (/gradio_api/run/..., no queue) with a 500, even
   a gr.Error that says what the caller did wrong. Those become 400; any other failure stays 500.
 - A call of a named endpoint (run, call, queue/join) must send as many values as the endpoint
@@ -20,7 +20,7 @@
   empty one with a 500, and keys its queue and task names (`..._<gradio-sep>...`) on them.
 - A session's event stream is open to one connection at a time (409 for a second): Gradio gives
   each message to whichever stream of the session reads it first, and a second stream that
-  disconnects ends the session's running events unanswered (see `studio.gradio_compat`).
+  disconnects ends the session's running events unanswered (see `studio.server.gradio_compat`).
 - gradio_client's `job.cancel()` (POST /gradio_api/cancel) cancels that one event: Gradio's own
   cancel kills every running event of the endpoint in the session but completes only the one
   named, so the client's other jobs of that endpoint would wait forever.
@@ -39,8 +39,8 @@ from itertools import accumulate
 from starlette.datastructures import QueryParams
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from studio import gradio_compat
-from studio.throttle import FailedAttempts, LockedOut
+from studio.server import gradio_compat
+from studio.server.throttle import FailedAttempts, LockedOut
 
 _UNSAFE = {"POST", "PUT", "PATCH", "DELETE"}
 _FORM_ROUTES = {

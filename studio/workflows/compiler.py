@@ -22,8 +22,14 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from pipelines.params import MAX_FRAMES_ABSOLUTE, MAX_PROMPT_CHARS, MAX_SEED, MIN_SIZE, GenerationParams
-from studio.workflow import (
+from pipelines.params import (
+    MAX_FRAMES_ABSOLUTE,
+    MAX_PROMPT_CHARS,
+    MAX_SEED,
+    MIN_SIZE,
+    GenerationParams,
+)
+from studio.workflows.format import (
     NODE_TYPES,
     SAMPLER_INPUTS,
     SWEEPABLE,

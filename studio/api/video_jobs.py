@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from engine import Aborted, Completed, Failed, Progress, RequestHandle, Started
-from studio.video_files import VideoFiles
+from studio.api.video_files import VideoFiles
 
 JobStatus = Literal["queued", "in_progress", "completed", "failed"]
 

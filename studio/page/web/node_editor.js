@@ -2,7 +2,7 @@
  *
  * The node types (ports, types, fields) come from Python (`props.node_types`), so the palette,
  * the typed-port checks and the compiler agree. The editor keeps the component's value equal to
- * the workflow JSON (version 1, see studio/workflow.py); Run fires the component's `submit`
+ * the workflow JSON (version 1, see studio/workflows/format.py); Run fires the component's `submit`
  * event and Python streams the run back through the `run_state` prop.
  *
  * Mounted from js_on_load:  StepStudioEditor.mount(element, props, trigger, watch)

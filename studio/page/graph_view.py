@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from engine import EngineSnapshot, RequestView
 from pipelines.interface import PipelineInfo
-from studio.queue_view import format_step_time
+from studio.page.queue_view import format_step_time
 
 NODE_W, NODE_H, GAP, MARGIN, LABEL_H = 128, 78, 34, 8, 16
 

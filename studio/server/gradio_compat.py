@@ -1,4 +1,4 @@
-"""The Gradio internals the studio's guards (studio.guards) rely on, in one place.
+"""The Gradio internals the studio's guards (studio.server.guards) rely on, in one place.
 
 Read in gradio 6.31 (`gradio/routes.py`: `queue_data`, `simple_predict_get`, `cancel_event`;
 `gradio/queueing.py`: `Queue.push`, `Queue.process_events`; `gradio/utils.py`: `set_task_name`,

@@ -3,7 +3,7 @@
 Every Generate (the button, or Shift+Enter in the prompt; Enter adds a line there, as in
 Gradio's other multi-line boxes) is a run of
 `batch count` requests (seeds seed, seed+1, ...), made from the form as a small workflow and run
-like the editor's (`studio.workflow_run`): Generate while earlier requests run adds the new ones
+like the editor's (`studio.workflows.run`): Generate while earlier requests run adds the new ones
 to the tab's queue, they share forwards with everything else, and the per-session limit still
 bounds what is in the engine at once (the rest wait in the tab). The queue list shows one row
 and one progress bar per request, with a × to cancel it; the preview shows the newest running
@@ -21,12 +21,23 @@ import gradio as gr
 
 from engine import Engine
 from pipelines.params import MIN_SIZE
-from studio.bridge import final_media, preview_image, session_id_of, settings_caption, user_error
-from studio.media import animated_gif, data_url
+from studio.bridge import (
+    final_media,
+    preview_image,
+    session_id_of,
+    settings_caption,
+    user_error,
+)
 from studio.config import StudioOptions
-from studio.tab_queue import CANCEL_JS, TabResults, latest_preview, render_tab_queue
-from studio.workflow import WorkflowError
-from studio.workflow_ui import WorkflowRunner, cancel_from_page
+from studio.media import animated_gif, data_url
+from studio.page.tab_queue import (
+    CANCEL_JS,
+    TabResults,
+    latest_preview,
+    render_tab_queue,
+)
+from studio.page.workflow_tab import WorkflowRunner, cancel_from_page
+from studio.workflows.format import WorkflowError
 
 MAX_BATCH_COUNT = 16
 _SEED_RANGE = 2**32

@@ -9,7 +9,7 @@ A workflow is JSON (version 1):
 
 Every port has a type; a link joins an output to an input of the same type, and an input takes
 at most one link. The node types are the single source of truth: the browser editor draws its
-palette from `node_type_specs()`, and `studio.workflow_compiler` checks and expands a workflow.
+palette from `node_type_specs()`, and `studio.workflows.compiler` checks and expands a workflow.
 
 Pure: imports neither gradio nor torch, so it is tested on its own.
 """

@@ -1,0 +1,1 @@
+"""Node-graph workflows: the JSON format, the compiler to engine requests, and a running graph."""
