@@ -70,7 +70,7 @@ class NoOpPipeline:
 def measure(running: int, steps: int) -> float:
     """Mean wall time per engine step with `running` requests co-batched, in ms."""
     pipeline = NoOpPipeline()
-    engine = Engine(pipeline, max_batch=running, limits=ServingLimits(max_steps=steps, max_per_session=running))
+    engine = Engine(pipeline, max_batch_requests=running, limits=ServingLimits(max_steps=steps, max_per_session=running))
     params = [GenerationParams(prompt=f"request {i}", num_inference_steps=steps, seed=i) for i in range(running)]
     handles = [engine.submit(p, session_id="bench") for p in params]
 

@@ -34,7 +34,7 @@ transformers, accelerate and safetensors but no diffusers, so diffusers travels 
 
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; set -o pipefail; PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --out-dir $OUT 2>&1 | tee $OUT/gpu_check.log
 
-    gpu_check.md, gpu_check.json and the log come back; the tables go into the README by hand.
+    gpu_check.md, gpu_check.json and the log come back; the tables go into docs/benchmarks.md by hand.
 """
 
 from __future__ import annotations

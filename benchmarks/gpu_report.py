@@ -1,4 +1,4 @@
-"""The GPU check's results as Markdown: the tables the README takes when a GPU run happens."""
+"""The GPU check's results as Markdown: the tables docs/benchmarks.md takes when a GPU run happens."""
 
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ class EngineSystem:
         self.preview_every = preview_every
         self.guidance_scale = guidance_scale
         limits = ServingLimits(max_steps=1000, max_size=4096, max_queue=100_000, max_per_session=100_000)
-        self.engine = Engine(self.pipeline, mode=mode, max_batch=max_batch, limits=limits).start()
+        self.engine = Engine(self.pipeline, mode=mode, max_batch_requests=max_batch, limits=limits).start()
 
     def params(self, item: WorkItem) -> GenerationParams:
         return GenerationParams(

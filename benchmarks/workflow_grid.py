@@ -70,7 +70,7 @@ def run_workflow(client, workflow: dict) -> dict:
     batch_sizes = []
     skipped: list[str] = []
     for update in job:
-        if isinstance(update[0], Exception):  # an update gradio_client could not fetch (README: From Python)
+        if isinstance(update[0], Exception):  # an update gradio_client could not fetch (docs/workflows.md: From Python)
             skipped.append(repr(update[0]))
             continue
         status = update[0]

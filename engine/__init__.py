@@ -3,8 +3,10 @@
 Never imports gradio: the studio and the HTTP API sit on top of this package.
 """
 
+from engine.admission import AdmissionLedger
+from engine.client import ClientMetrics, EngineClient
 from engine.cost import RequestCost, SizedForward
-from engine.engine import Engine
+from engine.engine import SHUTDOWN_REASON, Engine
 from engine.events import Aborted, Completed, Event, Failed, Progress, Queued, RequestHandle, Started, Timings
 from engine.limits import (
     AdmissionError,
@@ -14,15 +16,19 @@ from engine.limits import (
     ServingLimits,
     SessionLimitError,
 )
-from engine.request import RequestStatus
+from engine.request import PreparedRequest, RequestStatus
 from engine.snapshot import EngineSnapshot, EngineStats, RequestView
 from pipelines.params import GenerationParams
 
 __all__ = [
+    "SHUTDOWN_REASON",
     "Aborted",
     "AdmissionError",
+    "AdmissionLedger",
+    "ClientMetrics",
     "Completed",
     "Engine",
+    "EngineClient",
     "EngineClosedError",
     "EngineFailedError",
     "EngineSnapshot",
@@ -30,6 +36,7 @@ __all__ = [
     "Event",
     "Failed",
     "GenerationParams",
+    "PreparedRequest",
     "Progress",
     "QueueFullError",
     "Queued",

@@ -19,24 +19,17 @@ import random
 import threading
 import time
 import uuid
-from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Hashable, Mapping
+from typing import Mapping
 
 from engine.activity import EngineActivity
-from engine.cost import RequestCost, request_cost
+from engine.admission import AdmissionLedger
+from engine.cost import request_cost
 from engine.events import Failed, RequestHandle, deliver_pending
-from engine.limits import (
-    EngineClosedError,
-    EngineFailedError,
-    QueueFullError,
-    ServingLimits,
-    SessionLimitError,
-    counting_no_room,
-)
+from engine.limits import EngineClosedError, ServingLimits
 from engine.metrics import EngineMetrics
 from engine.models import ModelBatchKey, ModelSet
-from engine.request import Request, RequestStatus
+from engine.request import PreparedRequest, Request, RequestStatus
 from engine.runner import ModelRunner
 from engine.scheduler import Mode, Scheduler
 from engine.snapshot import EngineSnapshot, build_snapshot
@@ -78,7 +71,7 @@ class Engine:
     >>> engine.close()
 
     `max_batch_requests` counts requests per forward; a request with true CFG puts two rows
-    in it. (`max_batch` is its old name, still accepted.)
+    in it.
     """
 
     def __init__(
@@ -87,11 +80,7 @@ class Engine:
         mode: Mode = "step",
         max_batch_requests: int = 8,
         limits: ServingLimits | None = None,
-        *,
-        max_batch: int | None = None,
     ) -> None:
-        if max_batch is not None:
-            max_batch_requests = max_batch
         self.models = ModelSet(pipeline)
         self.pipeline = self.models[None]  # the default model's pipeline
         # The server's caps, resolved per model (an unset max size is each model's own size).
@@ -106,15 +95,11 @@ class Engine:
         self._stopped = threading.Event()  # the engine thread has ended (or never started and was closed)
         self._arrivals = itertools.count()
         # The cost of the model's default request: the unit of ServingLimits.max_session_cost.
-        default_request = GenerationParams(prompt="a default request", model=self.models.default)
-        self.unit_cost = self._cost(resolve_defaults(default_request, self.pipeline.info.defaults)).total
-        # Written by callers under the lock (admission control, cancel ownership, closing).
-        self._lock = threading.Lock()
-        self._closed = False
-        self._failure: str | None = None
-        self._in_flight: dict[str, Request] = {}  # every unfinished request, by id
-        self._count_by_session: Counter[str] = Counter()
-        self._cost_by_session: Counter[str] = Counter()
+        default_request = resolve_defaults(GenerationParams(prompt="a default request", model=self.models.default),
+                                           self.pipeline.info.defaults)
+        self.unit_cost = request_cost(self.pipeline, self.pipeline.info, default_request).total
+        # Every unfinished request, by id, and the open door (written by callers and the engine thread).
+        self._ledger: AdmissionLedger[Request] = AdmissionLedger(self.metrics.requests_rejected)
         # Written by the engine thread only.
         self._activity = EngineActivity()
         self._first_preview_seen: set[str] = set()
@@ -144,26 +129,24 @@ class Engine:
         """Most requests in one forward (a CFG request puts two rows in it)."""
         return self._scheduler.max_batch_requests
 
-    max_batch = max_batch_requests  # the old name
-
     @property
     def is_alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self._failure is None
+        return self._thread is not None and self._thread.is_alive() and self._ledger.failure is None
 
     @property
     def accepting(self) -> bool:
         """Whether `submit` takes new requests (False once shut down or crashed)."""
-        return not self._closed
+        return not self._ledger.closed
 
     @property
     def failure(self) -> str | None:
         """Why the engine thread crashed, or None (it runs, or it was closed normally)."""
-        return self._failure
+        return self._ledger.failure
 
     def start(self) -> "Engine":
         if self._thread is not None:
             raise RuntimeError("Engine.start() was already called.")
-        if self._closed:
+        if self._ledger.closed:
             raise EngineClosedError("this engine was closed; make a new one.")
         self._thread = threading.Thread(target=self._loop, name="stepstudio-engine", daemon=True)
         self._thread.start()
@@ -182,6 +165,16 @@ class Engine:
         self._limits[model].check(params)
         return params
 
+    def prepare(self, params: GenerationParams) -> PreparedRequest:
+        """`prepare_params`, then the request's batch key and cost: what `submit` admits (ValueError
+        for bad parameters). Pure: it runs on the caller's thread."""
+        params = self.prepare_params(params)
+        pipeline = self.models[params.model]
+        # Scoped to the model: different models never share a forward.
+        batch_key = ModelBatchKey(params.model, pipeline.batch_key(params))
+        hash(batch_key)  # an unhashable key is a pipeline bug: refuse it here, not on the engine thread
+        return PreparedRequest(params, batch_key, request_cost(pipeline, pipeline.info, params))
+
     def submit(self, params: GenerationParams, session_id: str = "default", *,
                from_waiting_queue: bool = False) -> RequestHandle:
         """Queue a request; returns at once. Raises ValueError for bad parameters and
@@ -192,30 +185,25 @@ class Engine:
         SessionLimitError then means "still waiting", not a refused call, so it is not counted
         in `stepstudio_requests_rejected_total`."""
         try:
-            params = self.prepare_params(params)
-            batch_key = self._batch_key(params)
-            cost = self._cost(params)
+            prepared = self.prepare(params)
         except ValueError:
             self.metrics.requests_rejected.labels("invalid").inc()
             raise
         request_id = uuid.uuid4().hex
-        handle = RequestHandle(request_id=request_id, session_id=session_id, params=params, _cancel=self.cancel)
+        handle = RequestHandle(request_id=request_id, session_id=session_id, params=prepared.params,
+                               _cancel=self.cancel)
         request = Request(
             request_id=request_id,
             session_id=session_id,
-            params=params,
-            batch_key=batch_key,
+            params=prepared.params,
+            batch_key=prepared.batch_key,
             handle=handle,
             arrival_index=next(self._arrivals),
-            cost=cost,
+            cost=prepared.cost,
             submitted_at=time.perf_counter(),
         )
-        with self._lock:
-            self._admit_or_raise(request, count_no_room=not from_waiting_queue)
-            self._in_flight[request_id] = request
-            self._count_by_session[session_id] += 1
-            self._cost_by_session[session_id] += cost.total
-            # Queued under the lock: a stop command (also queued under it) always comes after.
+        with self._ledger.admitting(request, self.limits, self.unit_cost, count_no_room=not from_waiting_queue):
+            # Queued under the ledger's lock: a stop command (also queued under it) always comes after.
             self._commands.put(_Submit(request))
         self.metrics.requests_submitted.inc()
         return handle
@@ -225,8 +213,7 @@ class Engine:
 
         Only its own session may cancel it (or `admin=True`): PermissionError otherwise.
         Returns False when the request is unknown or already finished."""
-        with self._lock:
-            request = self._in_flight.get(request_id)
+        request = self._ledger.get(request_id)
         if request is None:
             return False
         if not admin and request.session_id != session_id:
@@ -240,11 +227,8 @@ class Engine:
     def shutdown(self, reason: str = SHUTDOWN_REASON) -> None:
         """Stop admission now and abort every request at the next step boundary. Non-blocking:
         `wait_stopped()` or `close()` wait for the thread to end."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._commands.put(_Stop(reason))
+        if not self._ledger.close(then=lambda: self._commands.put(_Stop(reason))):
+            return
         if self._thread is None:  # never started: nobody else will end the queued requests
             self._handle_commands(block=False)
             self._stopped.set()
@@ -270,53 +254,7 @@ class Engine:
     @property
     def requests_in_flight(self) -> int:
         """Submitted requests that have not sent their final event yet (0 when idle)."""
-        with self._lock:
-            return len(self._in_flight)
-
-    # ------------------------------------------------------------------ admission
-    def _batch_key(self, params: GenerationParams) -> Hashable:
-        """The model's own key, scoped to the model: different models never share a forward."""
-        key = ModelBatchKey(params.model, self.models[params.model].batch_key(params))
-        hash(key)  # an unhashable key is a pipeline bug: refuse it here, not on the engine thread
-        return key
-
-    def _cost(self, params: GenerationParams) -> RequestCost:
-        pipeline = self.models[params.model]
-        return request_cost(pipeline, pipeline.info, params)
-
-    def _admit_or_raise(self, request: Request, count_no_room: bool = True) -> None:
-        """Admission control (under the lock): closed, queue, per-session count and cost. Each
-        refusal is counted once; `count_no_room=False` leaves the no-room ones (queue, session)
-        uncounted, for a caller that keeps the request waiting."""
-        if self._closed:
-            self.metrics.requests_rejected.labels("closed").inc()
-            if self._failure is not None:
-                raise EngineFailedError(f"{self._failure}; no new requests are accepted.")
-            raise EngineClosedError("the engine is shutting down; no new requests are accepted.")
-        with counting_no_room(self.metrics.requests_rejected, count_no_room):
-            self._check_room(request)
-
-    def _check_room(self, request: Request) -> None:
-        """QueueFullError or SessionLimitError when the queue or the request's session is full (under the lock)."""
-        session = request.session_id
-        if len(self._in_flight) >= self.limits.max_queue:
-            raise QueueFullError(f"the queue is full ({self.limits.max_queue} requests in flight); try again shortly.")
-        in_flight = self._count_by_session[session]
-        if in_flight >= self.limits.max_per_session:
-            raise SessionLimitError(
-                f"this session already has {in_flight} requests in flight "
-                f"(limit {self.limits.max_per_session}); wait for one to finish or cancel one."
-            )
-        limit = self.limits.max_session_cost
-        if limit is not None and in_flight:
-            held = self._cost_by_session[session] / self.unit_cost
-            wanted = request.cost.total / self.unit_cost
-            if held + wanted > limit:
-                raise SessionLimitError(
-                    f"this session's requests in flight already cost {held:.1f} default requests and this one "
-                    f"costs {wanted:.1f} (rows x tokens x steps); the limit is {limit:g}: wait for one to finish "
-                    "or cancel one."
-                )
+        return len(self._ledger)
 
     # ------------------------------------------------------------------ engine thread
     def _loop(self) -> None:
@@ -377,9 +315,7 @@ class Engine:
         """The engine thread is going down: close for good, fail every request, answer everyone."""
         message = f"the engine stopped after an internal error ({type(exc).__name__}: {exc})"
         log.critical("%s; failing every request", message, exc_info=exc)
-        with self._lock:
-            self._closed = True
-            self._failure = message
+        self._ledger.close(failure=message)
         try:
             self._drain_commands(lambda request: None)
             self._scheduler.fail_all(message)
@@ -387,8 +323,7 @@ class Engine:
         except Exception:  # noqa: BLE001 - the scheduler itself may be what broke
             log.exception("the scheduler could not end the requests; answering them directly")
         # Whatever the scheduler could not end still gets its final event.
-        with self._lock:
-            left = list(self._in_flight.values())
+        left = self._ledger.entries()
         for request in left:
             request.final_event = Failed(message, stage="engine")
         self._release(left)
@@ -440,15 +375,7 @@ class Engine:
 
     def _release(self, finished: list[Request]) -> None:
         """Free the slots and count the outcomes of requests that just ended."""
-        with self._lock:
-            released = [r for r in finished if self._in_flight.pop(r.request_id, None) is not None]
-            for request in released:
-                session = request.session_id
-                self._count_by_session[session] -= 1
-                self._cost_by_session[session] -= request.cost.total
-                if self._count_by_session[session] <= 0:
-                    del self._count_by_session[session]
-                    del self._cost_by_session[session]
+        released = self._ledger.release(finished)
         for request in released:
             status = request.status.name.removeprefix("FINISHED_").lower() if request.status.is_finished else "error"
             self._activity.finished[status] += 1

@@ -47,10 +47,6 @@ class Timings:
     finished_at: float
 
     @property
-    def queue_s(self) -> float:
-        return self.started_at - self.submitted_at
-
-    @property
     def total_s(self) -> float:
         return self.finished_at - self.submitted_at
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, replace
-from typing import Iterator
 
+from pipelines.errors import ParamError
 from pipelines.interface import PipelineInfo
 from pipelines.params import GenerationParams
 
@@ -28,19 +27,6 @@ class EngineClosedError(AdmissionError):
 
 class EngineFailedError(EngineClosedError):
     """The engine thread crashed: nothing runs until the process is restarted."""
-
-
-@contextlib.contextmanager
-def counting_no_room(rejected, count: bool = True) -> Iterator[None]:
-    """Counts a QueueFullError or SessionLimitError raised inside as one refusal in `rejected` (a
-    Prometheus counter labelled by reason), unless `count` is False: a caller that keeps the request
-    waiting (a workflow run's own queue) has not been refused. The engine and the Ray facade share it."""
-    try:
-        yield
-    except (QueueFullError, SessionLimitError) as refusal:
-        if count:
-            rejected.labels("queue_full" if isinstance(refusal, QueueFullError) else "session_limit").inc()
-        raise
 
 
 @dataclass(frozen=True)
@@ -83,18 +69,20 @@ class ServingLimits:
         GenerationParams, so a value far out of range gets this server's range in its message,
         not the much wider absolute one."""
         if num_inference_steps is not None and num_inference_steps < 1:
-            raise ValueError(f"num_inference_steps={num_inference_steps} is out of range: allowed is 1..{self.max_steps}.")
+            raise ParamError("num_inference_steps",
+                             f"num_inference_steps={num_inference_steps} is out of range: allowed is 1..{self.max_steps}.")
         if num_inference_steps is not None and num_inference_steps > self.max_steps:
-            raise ValueError(
+            raise ParamError(
+                "num_inference_steps",
                 f"num_inference_steps={num_inference_steps} is above this server's limit: "
                 f"allowed is 1..{self.max_steps}."
             )
         if self.max_size is not None:
             for name, value in (("width", width), ("height", height)):
                 if value is not None and value > self.max_size:
-                    raise ValueError(f"{name}={value} is above this server's limit of {self.max_size} pixels.")
+                    raise ParamError(name, f"{name}={value} is above this server's limit of {self.max_size} pixels.")
         if num_frames is not None and num_frames > self.max_frames:
-            raise ValueError(f"num_frames={num_frames} is above this server's limit of {self.max_frames}.")
+            raise ParamError("num_frames", f"num_frames={num_frames} is above this server's limit of {self.max_frames}.")
 
 
 def check_text(params: GenerationParams) -> None:
@@ -106,7 +94,8 @@ def check_text(params: GenerationParams) -> None:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as error:
-            raise ValueError(
+            raise ParamError(
+                name,
                 f"{name} has a lone surrogate ({text[error.start]!r}) at character {error.start}: "
                 "send valid Unicode text."
             ) from None

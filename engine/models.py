@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Hashable, Mapping
 
 from pipelines.interface import PipelineInfo, StepPipeline
+from pipelines.validation import check_model_name
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,7 @@ class ModelSet:
         """The name a request's `model` stands for (None: the default). ValueError for an unknown one."""
         if model is None:
             return self.default
-        if model not in self.pipelines:
-            raise ValueError(f"model={model!r:.60} is not loaded here; the loaded models are: "
-                             f"{', '.join(self.pipelines)}.")
+        check_model_name(model, tuple(self.pipelines))
         return model
 
     def __getitem__(self, model: str | None) -> StepPipeline:

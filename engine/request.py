@@ -25,6 +25,16 @@ class RequestStatus(enum.IntEnum):
         return self >= RequestStatus.FINISHED_COMPLETED
 
 
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A request checked and priced, not yet admitted: what `prepare` answers (the engine's own
+    submit, and a Serve replica for the facade's router and admission, use the same one)."""
+
+    params: GenerationParams  # complete: the model named, its defaults and a seed filled in
+    batch_key: Hashable  # equal keys share a forward (scoped to the model)
+    cost: RequestCost  # rows x tokens x steps: per-session limits and turn-taking
+
+
 @dataclass
 class Request:
     # --- fixed at submission ---

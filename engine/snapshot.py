@@ -64,11 +64,6 @@ class EngineStats:
     completed_by_model: dict[str, int] = field(default_factory=dict)  # model -> completed requests
     stages: StageStats = StageStats()
 
-    @property
-    def max_batch(self) -> int:
-        """The old name of max_batch_requests."""
-        return self.max_batch_requests
-
 
 @dataclass(frozen=True)
 class EngineSnapshot:

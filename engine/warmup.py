@@ -6,14 +6,14 @@ from __future__ import annotations
 import logging
 import time
 
-from engine.engine import Engine
+from engine.client import EngineClient
 from engine.events import Completed
 from pipelines.params import GenerationParams
 
 log = logging.getLogger(__name__)
 
 
-def warm_up(engine: Engine, sizes: list[tuple[int, int]], steps: int = 2, timeout: float = 1800) -> list[float]:
+def warm_up(engine: EngineClient, sizes: list[tuple[int, int]], steps: int = 2, timeout: float = 1800) -> list[float]:
     """Run one `steps`-step request per (width, height) through the started engine.
 
     Returns each warm-up's wall time; raises RuntimeError if one does not complete."""

@@ -9,6 +9,9 @@ and says only what its model does differently, in the order of its diffusers `__
     _forward                   ONE denoiser forward over the rows of the CFG layout (pipelines/cfg.py)
     _vae_latents, _render_preview
 
+The hooks every family must write are abstract methods: a family that misses one fails when
+it is made, not at its first request.
+
 This class owns the rest, once for every family: loading, the constructor, the prompt cache,
 per-request scheduler set-up (a deep copy of a pristine template), the CFG row layout and
 combine, the scheduler step, and the predicted x0 kept for previews.
@@ -16,6 +19,7 @@ combine, the scheduler step, and the predicted x0 kept for previews.
 
 from __future__ import annotations
 
+import abc
 import copy
 import functools
 import inspect
@@ -128,8 +132,9 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
         """Every transformer or UNet this pipeline runs (what `--compile` compiles)."""
         return (self.denoiser,)
 
+    @abc.abstractmethod
     def _offered_schedulers(self, checkpoint_scheduler) -> tuple[str, ...]:
-        raise NotImplementedError
+        """The noise schedulers a request may name, the default first."""
 
     def _pipeline_info(
         self, defaults: ModelDefaults, size_multiple: int, uses_negative_prompt: bool = True, **extras: str
@@ -162,8 +167,9 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
         return text.lower() if self.studio.vocabulary else text
 
     # ------------------------------------------------------------------ prompts
+    @abc.abstractmethod
     def _uses_cfg(self, params: GenerationParams) -> bool:
-        raise NotImplementedError
+        """Whether this request runs classifier-free guidance (its negative row joins the forward)."""
 
     def _negative_text(self, params: GenerationParams) -> str | None:
         """The text of the CFG row; None: no text, the family's `_unconditional` row instead."""
@@ -177,9 +183,9 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
             texts.append(self._model_text(negative))
         return texts
 
+    @abc.abstractmethod
     def _encode_texts(self, texts: list[str]) -> list[Any]:
         """The family's text encoders over several texts at once: one text row per text."""
-        raise NotImplementedError
 
     def _unconditional(self, positive: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} encodes a text for every CFG row.")
@@ -221,14 +227,16 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
     def _scheduler_template(self, params: GenerationParams):
         return self._checkpoint_scheduler
 
+    @abc.abstractmethod
     def _set_timesteps(self, scheduler, params: GenerationParams) -> torch.Tensor:
-        raise NotImplementedError
+        """Set the request's own scheduler's schedule; returns its timesteps."""
 
     def _request_extra(self, state: RequestState) -> RequestExtra:
         return RequestExtra()
 
+    @abc.abstractmethod
     def _initial_latents(self, state: RequestState) -> torch.Tensor:
-        raise NotImplementedError
+        """The request's starting noise, from its own generator."""
 
     @torch.no_grad()
     def denoise_step(self, batch: Batch) -> list[torch.Tensor]:
@@ -239,8 +247,9 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
         layout = CfgLayout.of(states)
         return layout.combine(self._forward(denoiser, layout.rows), self._guide)
 
+    @abc.abstractmethod
     def _forward(self, denoiser: torch.nn.Module, rows: Sequence[Row]) -> torch.Tensor:
-        raise NotImplementedError
+        """ONE forward of `denoiser` over the rows of the CFG layout (pipelines/cfg.py), in row order."""
 
     _guide = staticmethod(linear_guidance)
 
@@ -259,8 +268,9 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
         state.latents = output.prev_sample
         state.step_index += 1
 
+    @abc.abstractmethod
     def _predicted_x0(self, state: RequestState, latents, prediction, output) -> torch.Tensor | None:
-        raise NotImplementedError
+        """The clean latents this step predicts, for previews (None: nothing to show)."""
 
     @torch.no_grad()
     def decode(self, state: RequestState, output_type: str = "pil"):
@@ -271,9 +281,9 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
     def post_decode(self, state: RequestState) -> "list[Image.Image]":
         return self.decode(state, output_type="pil")
 
+    @abc.abstractmethod
     def _vae_latents(self, state: RequestState) -> torch.Tensor:
         """The request's final latents as the VAE takes them (un-normalized, unpacked)."""
-        raise NotImplementedError
 
     def _decoded(self, image: torch.Tensor) -> torch.Tensor:
         return image

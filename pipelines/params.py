@@ -12,7 +12,9 @@ fills them in before the request is queued, so a queued request is always comple
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+from pipelines.errors import ParamError
 
 # Absolute sanity bounds. Servers configure tighter caps (see engine.limits.ServingLimits).
 MAX_PROMPT_CHARS = 2000
@@ -26,9 +28,69 @@ MAX_MODEL_CHARS = 200
 
 def _check_int(name: str, value: object, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).")
+        raise ParamError(name, f"{name} must be an integer, got {value!r} ({type(value).__name__}).")
     if not low <= value <= high:
-        raise ValueError(f"{name}={value} is out of range: allowed is {low}..{high}.")
+        raise ParamError(name, f"{name}={value} is out of range: allowed is {low}..{high}.")
+
+
+def _check_prompt(name: str, text: object) -> None:
+    if name == "prompt" and not isinstance(text, str):
+        raise ParamError(name, f"prompt must be a string, got {type(text).__name__}.")
+    if text is None:
+        return
+    if not isinstance(text, str):
+        raise ParamError(name, f"{name} must be a string or None, got {type(text).__name__}.")
+    if name == "prompt" and not text.strip():
+        raise ParamError(name, "prompt is empty: describe the image you want, e.g. 'a red circle'.")
+    if len(text) > MAX_PROMPT_CHARS:
+        raise ParamError(name, f"{name} is {len(text)} characters long; at most {MAX_PROMPT_CHARS} are allowed.")
+
+
+def _check_guidance(name: str, g: object) -> None:
+    if isinstance(g, bool) or not isinstance(g, (int, float)):
+        raise ParamError(name, f"guidance_scale must be a number, got {g!r}.")
+    if not math.isfinite(g) or not 0.0 <= g <= 100.0:
+        raise ParamError(name, f"guidance_scale={g} is not allowed: use a finite number in 0..100.")
+
+
+def _check_scheduler(name: str, scheduler: object) -> None:
+    if not isinstance(scheduler, str):
+        raise ParamError(name, f"scheduler must be a name (string) or None, got {scheduler!r}.")
+
+
+def _check_model(name: str, model: object) -> None:
+    if not isinstance(model, str) or not 0 < len(model) <= MAX_MODEL_CHARS:
+        raise ParamError(name, f"model must be a loaded model's name (1..{MAX_MODEL_CHARS} characters) or None, "
+                               f"got {model!r:.60}.")
+
+
+def _integer_in(low: int, high: int):
+    return lambda name, value: _check_int(name, value, low, high)
+
+
+# Each field's model-independent rule; None (the model's default) passes every optional field.
+_FIELD_RULES = {
+    "prompt": _check_prompt,
+    "negative_prompt": _check_prompt,
+    "width": _integer_in(MIN_SIZE, MAX_SIZE_ABSOLUTE),
+    "height": _integer_in(MIN_SIZE, MAX_SIZE_ABSOLUTE),
+    "num_frames": _integer_in(1, MAX_FRAMES_ABSOLUTE),
+    "num_inference_steps": _integer_in(1, MAX_STEPS_ABSOLUTE),
+    "guidance_scale": _check_guidance,
+    "seed": _integer_in(0, MAX_SEED),
+    "preview_every": _integer_in(0, MAX_STEPS_ABSOLUTE),
+    "scheduler": _check_scheduler,
+    "model": _check_model,
+}
+_REQUIRED = ("prompt", "preview_every")
+
+
+def check_field(name: str, value: object) -> None:
+    """The model-independent rule for one GenerationParams field (types, ranges, NaN): raises a
+    ParamError naming the field. The workflow compiler checks one node's value with it."""
+    if value is None and name not in _REQUIRED:
+        return
+    _FIELD_RULES[name](name, value)
 
 
 @dataclass(frozen=True)
@@ -49,46 +111,8 @@ class GenerationParams:
     model: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.prompt, str):
-            raise ValueError(f"prompt must be a string, got {type(self.prompt).__name__}.")
-        if not self.prompt.strip():
-            raise ValueError("prompt is empty: describe the image you want, e.g. 'a red circle'.")
-        if len(self.prompt) > MAX_PROMPT_CHARS:
-            raise ValueError(
-                f"prompt is {len(self.prompt)} characters long; at most {MAX_PROMPT_CHARS} are allowed."
-            )
-        if self.negative_prompt is not None:
-            if not isinstance(self.negative_prompt, str):
-                raise ValueError(
-                    f"negative_prompt must be a string or None, got {type(self.negative_prompt).__name__}."
-                )
-            if len(self.negative_prompt) > MAX_PROMPT_CHARS:
-                raise ValueError(
-                    f"negative_prompt is {len(self.negative_prompt)} characters long; "
-                    f"at most {MAX_PROMPT_CHARS} are allowed."
-                )
-        for name in ("width", "height"):
-            value = getattr(self, name)
-            if value is not None:
-                _check_int(name, value, MIN_SIZE, MAX_SIZE_ABSOLUTE)
-        if self.num_frames is not None:
-            _check_int("num_frames", self.num_frames, 1, MAX_FRAMES_ABSOLUTE)
-        if self.num_inference_steps is not None:
-            _check_int("num_inference_steps", self.num_inference_steps, 1, MAX_STEPS_ABSOLUTE)
-        if self.guidance_scale is not None:
-            g = self.guidance_scale
-            if isinstance(g, bool) or not isinstance(g, (int, float)):
-                raise ValueError(f"guidance_scale must be a number, got {g!r}.")
-            if not math.isfinite(g) or not 0.0 <= g <= 100.0:
-                raise ValueError(f"guidance_scale={g} is not allowed: use a finite number in 0..100.")
-        if self.seed is not None:
-            _check_int("seed", self.seed, 0, MAX_SEED)
-        _check_int("preview_every", self.preview_every, 0, MAX_STEPS_ABSOLUTE)
-        if self.scheduler is not None and not isinstance(self.scheduler, str):
-            raise ValueError(f"scheduler must be a name (string) or None, got {self.scheduler!r}.")
-        if self.model is not None and (not isinstance(self.model, str) or not 0 < len(self.model) <= MAX_MODEL_CHARS):
-            raise ValueError(f"model must be a loaded model's name (1..{MAX_MODEL_CHARS} characters) or None, "
-                             f"got {self.model!r:.60}.")
+        for item in fields(self):
+            check_field(item.name, getattr(self, item.name))
 
     @property
     def is_complete(self) -> bool:

@@ -14,6 +14,7 @@ a pipeline builds new tensors from them (torch.cat) and never writes into them.
 
 from __future__ import annotations
 
+import abc
 import threading
 from collections import OrderedDict
 from typing import Any, Callable, Sequence
@@ -30,14 +31,15 @@ def split_rows(count: int, *batched) -> list[tuple]:
     return [tuple(tensor[i : i + 1].clone() for tensor in batched) for i in range(count)]
 
 
-class BatchedPromptEncoder:
+class BatchedPromptEncoder(abc.ABC):
     """`encode_prompts` of the optional protocol (pipelines/interface.py), for a pipeline with
     a `prompt_cache` and a `_texts(params)` that lists what one request encodes."""
 
     prompt_cache: "PromptEmbeddingCache"
 
+    @abc.abstractmethod
     def _texts(self, params) -> list[str]:
-        raise NotImplementedError
+        """Every text one request encodes, as the text encoders see them."""
 
     def encode_prompts(self, params: Sequence) -> None:
         """The texts of requests joining the same step, through the text encoders in one call."""

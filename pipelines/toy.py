@@ -27,6 +27,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from PIL import Image
 
+from pipelines.errors import ParamError
 from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.params import GenerationParams
 from pipelines.prompt_cache import PromptEmbeddingCache
@@ -94,9 +95,9 @@ class ToyPipeline:
         for name in ("width", "height"):
             value = getattr(params, name)
             if value % SCALE:
-                raise ValueError(f"{name}={value} must be a multiple of {SCALE} for the toy model.")
+                raise ParamError(name, f"{name}={value} must be a multiple of {SCALE} for the toy model.")
         if params.num_frames != 1:
-            raise ValueError(f"num_frames={params.num_frames}: the toy model makes images, use 1.")
+            raise ParamError("num_frames", f"num_frames={params.num_frames}: the toy model makes images, use 1.")
 
     def batch_key(self, params: GenerationParams) -> ToyBatchKey:
         return ToyBatchKey(width=params.width, height=params.height)

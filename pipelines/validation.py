@@ -1,23 +1,71 @@
-"""Model-specific checks every family makes, with one wording for their errors."""
+"""Model-specific checks every family makes, with one wording for their errors.
+
+Each rule raises a ParamError naming the GenerationParams field it is about. The rules on one
+value (`check_side`, `check_still_frames`, ...) are also what the workflow compiler calls to
+check a node's value against a loaded model before anything runs.
+"""
 
 from __future__ import annotations
 
+from pipelines.errors import ParamError
 from pipelines.params import GenerationParams
 
 
 def check_scheduler_name(field_name: str, name: str, offered: tuple[str, ...]) -> None:
     if name not in offered:
-        raise ValueError(
+        raise ParamError(
+            field_name,
             f"{field_name}={name!r} is not a noise scheduler this model offers; "
-            f"allowed are: {', '.join(offered)} (or leave it unset for the default)."
+            f"allowed are: {', '.join(offered)} (or leave it unset for the default).",
         )
+
+
+def check_side(name: str, value: int, model: str, size_multiple: int) -> None:
+    """A width or height the model's latents divide evenly."""
+    if value % size_multiple:
+        lower = max(size_multiple, value - value % size_multiple)
+        raise ParamError(
+            name,
+            f"{name}={value} is not allowed: {model} needs a multiple of {size_multiple} "
+            f"(e.g. {lower} or {lower + size_multiple}).",
+        )
+
+
+def check_still_frames(frames: int, model: str) -> None:
+    if frames != 1:
+        raise ParamError("num_frames", f"num_frames={frames} is not allowed: {model} makes still images, use 1.")
+
+
+def check_frame_count(frames: int, model: str, temporal_factor: int) -> None:
+    """A frame count the temporal VAE takes: k * factor + 1."""
+    if (frames - 1) % temporal_factor:
+        lower = frames - (frames - 1) % temporal_factor
+        examples = ", ".join(str(k * temporal_factor + 1) for k in range(4))
+        raise ParamError(
+            "num_frames",
+            f"num_frames={frames} is not allowed: {model} needs {temporal_factor}k+1 frames "
+            f"({examples}, ...; e.g. {lower} or {lower + temporal_factor}).",
+        )
+
+
+def check_size_in(width: int, height: int, name: str, sizes: tuple[tuple[int, int], ...]) -> None:
+    """The model's card names the only sizes it makes well: refuse the others, naming them."""
+    if sizes and (width, height) not in sizes:
+        allowed = ", ".join(f"{w}x{h}" for w, h in sizes)
+        raise ParamError("width", f"width={width}, height={height} is not a size {name} makes: "
+                                  f"allowed {'sizes are' if len(sizes) > 1 else 'is'} {allowed}.")
+
+
+def check_model_name(model: str, loaded: tuple[str, ...]) -> None:
+    if model not in loaded:
+        raise ParamError("model", f"model={model!r:.60} is not loaded here; the loaded models are: "
+                                  f"{', '.join(loaded)}.")
 
 
 def check_image_params(params: GenerationParams, model: str, size_multiple: int, schedulers: tuple[str, ...]) -> None:
     """Width/height multiples, a single frame, and a scheduler the model offers."""
     check_size_and_scheduler(params, model, size_multiple, schedulers)
-    if params.num_frames != 1:
-        raise ValueError(f"num_frames={params.num_frames} is not allowed: {model} makes still images, use 1.")
+    check_still_frames(params.num_frames, model)
 
 
 def check_video_params(
@@ -25,34 +73,18 @@ def check_video_params(
 ) -> None:
     """Width/height multiples, a frame count the temporal VAE takes (k * factor + 1), a scheduler."""
     check_size_and_scheduler(params, model, size_multiple, schedulers)
-    frames = params.num_frames
-    if (frames - 1) % temporal_factor:
-        lower = frames - (frames - 1) % temporal_factor
-        examples = ", ".join(str(k * temporal_factor + 1) for k in range(4))
-        raise ValueError(
-            f"num_frames={frames} is not allowed: {model} needs {temporal_factor}k+1 frames "
-            f"({examples}, ...; e.g. {lower} or {lower + temporal_factor})."
-        )
+    check_frame_count(params.num_frames, model, temporal_factor)
 
 
 def check_size_and_scheduler(
     params: GenerationParams, model: str, size_multiple: int, schedulers: tuple[str, ...]
 ) -> None:
     for name in ("width", "height"):
-        value = getattr(params, name)
-        if value % size_multiple:
-            lower = max(size_multiple, value - value % size_multiple)
-            raise ValueError(
-                f"{name}={value} is not allowed: {model} needs a multiple of {size_multiple} "
-                f"(e.g. {lower} or {lower + size_multiple})."
-            )
+        check_side(name, getattr(params, name), model, size_multiple)
     if params.scheduler is not None:
         check_scheduler_name("scheduler", params.scheduler, schedulers)
 
 
 def check_supported_size(params: GenerationParams, name: str, sizes: tuple[tuple[int, int], ...]) -> None:
     """The model's card names the only sizes it makes well: refuse the others, naming them."""
-    if sizes and (params.width, params.height) not in sizes:
-        allowed = ", ".join(f"{w}x{h}" for w, h in sizes)
-        raise ValueError(f"width={params.width}, height={params.height} is not a size {name} makes: "
-                         f"allowed {'sizes are' if len(sizes) > 1 else 'is'} {allowed}.")
+    check_size_in(params.width, params.height, name, sizes)

@@ -4,9 +4,8 @@
     serve run serve/stepstudio.yaml                    # the same on an existing Ray cluster
 
 One Serve replica (`serve.replica.EngineReplica`) wraps one `engine.Engine` on one device. The
-studio talks to them through `serve.replicated_engine.ReplicatedEngine`, which offers the
-interface of one local `Engine` (submit, cancel, prepare_params, snapshot, info, limits,
-metrics, is_alive, handle.stream() / handle.cancel()), so `studio/` runs on it unchanged.
+studio talks to them through `serve.replicated_engine.ReplicatedEngine`, an `engine.EngineClient`
+as one local `Engine` is, so `studio/` runs on it unchanged.
 Requests are routed by `serve.router.BatchKeyRouter`, a Ray Serve request router: to a replica
 that already runs their batch key and has room, otherwise to the least loaded one.
 

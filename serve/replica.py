@@ -3,8 +3,8 @@
 Methods are what the facade (serve/replicated_engine.py) calls through Serve:
 
     describe()                 the model, limits and engine settings (the same on every replica)
-    prepare(params)            defaults, seed and checks: `Prepared` (with the batch key the
-                               router groups by) or `Rejected`
+    prepare(params)            the engine's `prepare`: a `PreparedRequest` (its batch key as the
+                               repr the router groups by) or `Rejected`
     generate(params, ...)      an async generator: `Admitted` or `Rejected`, then one item per
                                engine event until the final one
     report()                   this replica now: snapshot, metrics, liveness (`ReplicaReport`)
@@ -24,17 +24,15 @@ import importlib
 import logging
 import os
 import time
+from dataclasses import replace
 from typing import AsyncIterator
 
 from ray import serve
 
-from engine import AdmissionError, Engine, GenerationParams
-from engine.cost import request_cost
-from engine.models import ModelBatchKey
+from engine import AdmissionError, Engine, GenerationParams, PreparedRequest
 from serve.settings import ReplicaSettings
 from serve.wire import (
     Admitted,
-    Prepared,
     Rejected,
     ReplicaDescription,
     ReplicaReport,
@@ -100,16 +98,13 @@ class EngineReplica:
             with_unknown_words=frozenset(n for n in names if callable(getattr(engine.models[n], "unknown_words", None))),
         )
 
-    async def prepare(self, params: GenerationParams) -> Prepared | Rejected:
-        engine = self.engine
+    async def prepare(self, params: GenerationParams) -> PreparedRequest | Rejected:
         try:
-            params = engine.prepare_params(params)  # names the model: params.model is set from here on
-            pipeline = engine.models[params.model]
-            batch_key = ModelBatchKey(params.model, pipeline.batch_key(params))  # as the engine keys it
+            prepared = self.engine.prepare(params)  # names the model: params.model is set from here on
         except ValueError as error:
             return Rejected.of(error, self.replica_id)
-        cost = request_cost(pipeline, pipeline.info, params).total
-        return Prepared(params=params, batch_key=repr(batch_key), cost=cost)
+        # The router compares keys as text across processes: equal keys have equal reprs.
+        return replace(prepared, batch_key=repr(prepared.batch_key))
 
     async def generate(
         self, params: GenerationParams, session_id: str, batch_key: str | None = None, avoid: tuple[str, ...] = ()

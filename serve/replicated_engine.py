@@ -1,4 +1,4 @@
-"""The studio's engine when the engines are Serve replicas: the interface of one `Engine`.
+"""The studio's engine when the engines are Serve replicas: an `engine.EngineClient`, as `Engine` is.
 
     engine = ReplicatedEngine(serve.get_deployment_handle("EngineReplica", "stepstudio")).start()
     handle = engine.submit(GenerationParams(prompt="a red circle"), session_id="tab-1")
@@ -7,16 +7,13 @@
     engine.snapshot(), engine.metrics.exposition()  # every replica (serve/board.py)
     engine.close()                                  # the replicas keep running: Serve owns them
 
-The studio calls `submit` (`from_waiting_queue=True` for a workflow run's branches), `cancel`,
-`prepare_params`, `snapshot`, `info`, `infos`, `limits`, `limits_for`, `models` (names, default,
-resolve, and each model's `unknown_words`), `pipeline`, `mode`, `max_batch`, `metrics`
-(`exposition()`, and the `branches_waiting` gauge that workflow runs set), `is_alive`, `failure`,
-`shutdown` and `wait_stopped`; they behave as on one engine, with these differences:
+Every member of the interface behaves as on one engine, with these differences:
 
-- `submit` and `prepare_params` cost one round trip to a replica (it checks the parameters
-  with its model and computes the batch key the router needs); a ValueError or AdmissionError
-  is raised in the caller as before. Admission limits (queue, per-session count and cost) are
-  applied here across all replicas, so a session's limit means the same as on one engine.
+- `submit`, `prepare` and `prepare_params` cost one round trip to a replica (its engine's
+  `prepare` checks the parameters and computes the batch key the router needs, as its repr);
+  a ValueError or AdmissionError is raised in the caller as before. Admission (queue,
+  per-session count and cost) is the engine's own `AdmissionLedger`, kept here across all
+  replicas (the queue holds `max_queue` per live replica), so a session's limit means the same.
 - `RequestHandle` is the engine's own class: a relay task (one per request, on this facade's
   own event loop thread) plays the engine thread, emitting each event the replica streams.
 - `cancel` (and `handle.cancel()`) cancels the request's downstream stream: the replica's
@@ -36,35 +33,35 @@ import logging
 import threading
 import time
 import uuid
-from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from dataclasses import replace
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
-from prometheus_client import Counter as PromCounter
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import DeploymentUnavailableError, RequestCancelledError
 
 from engine import (
+    SHUTDOWN_REASON,
     Aborted,
+    AdmissionLedger,
     EngineClosedError,
     Event,
     Failed,
     GenerationParams,
+    PreparedRequest,
     QueueFullError,
     RequestHandle,
     ServingLimits,
-    SessionLimitError,
 )
-from engine.engine import SHUTDOWN_REASON
 from engine.events import FINAL_EVENTS, deliver_pending
-from engine.limits import counting_no_room
 from engine.models import ModelSet
 from pipelines.interface import PipelineInfo
 from serve.board import ReplicaBoard, ReplicatedSnapshot
+from serve.flight import Flight
+from serve.remote_pipeline import RemotePipeline
+from serve.replicated_metrics import ReplicatedMetrics
 from serve.settings import REFRESH_S
 from serve.wire import (
     Admitted,
-    Prepared,
     Rejected,
     ReplicaDescription,
     ReplicaReport,
@@ -76,83 +73,10 @@ log = logging.getLogger(__name__)
 
 CANCELLED_REASON = "cancelled by the user"
 SERVED_BY_KEPT = 4096  # requests whose replica `replica_of` still knows after they ended
-RELAY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 class ReplicasUnavailableError(QueueFullError):
     """No engine replica answered in time (all busy starting, or being replaced): try again."""
-
-
-@dataclass
-class _Flight:
-    """One request from submit to its final event (fields written on the relay loop unless noted)."""
-
-    handle: RequestHandle  # written at submit
-    prepared: Prepared
-    cost: int
-    replica_id: str | None = None
-    replica: str | None = None
-    engine_request_id: str | None = None
-    stream: object = None  # the DeploymentResponseGenerator
-    stop: tuple[str, str] | None = None  # (reason, cause) once cancelled
-    task: asyncio.Task | None = field(default=None, repr=False)
-
-    @property
-    def request_id(self) -> str:
-        return self.handle.request_id
-
-    @property
-    def session_id(self) -> str:
-        return self.handle.session_id
-
-
-class ReplicatedMetrics:
-    """`exposition()`: every replica's engine metrics (label `replica`) and the facade's own."""
-
-    def __init__(self, board: ReplicaBoard) -> None:
-        self._board = board
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.replicas_live = Gauge("stepstudio_replicas_live", "Engine replicas that reported recently", registry=r)
-        self.requests_in_flight = Gauge(
-            "stepstudio_replicated_requests_in_flight", "Requests submitted through this studio and not ended", registry=r)
-        self.requests_lost = PromCounter(
-            "stepstudio_replica_lost_requests", "Requests failed because their engine replica died", registry=r)
-        self.requests_rejected = PromCounter(
-            "stepstudio_replicated_requests_rejected", "Submissions refused by the studio's admission", ["reason"],
-            registry=r)
-        for reason in ("invalid", "queue_full", "session_limit", "closed", "unavailable"):
-            self.requests_rejected.labels(reason)
-        # The studio's workflow runs set it, as on one engine; named apart from the replicas' own
-        # (always 0: runs live in the studio), which /metrics carries too.
-        self.branches_waiting = Gauge(
-            "stepstudio_replicated_workflow_branches_waiting",
-            "Workflow branches waiting in their run's own queue for room in their session (not yet submitted)",
-            registry=r)
-        self.relay_seconds = Histogram(
-            "stepstudio_relay_seconds", "A replica's progress event, from its engine to this studio (Ray's stream)",
-            buckets=RELAY_BUCKETS, registry=r)
-
-    def exposition(self) -> bytes:
-        return self._board.exposition() + generate_latest(self.registry)
-
-
-class _RemotePipeline:
-    """A model as the studio sees it through `engine.models[name]`: its `info` and, when the
-    replicas' pipeline has it, `unknown_words` (answered by a replica)."""
-
-    def __init__(self, engine: "ReplicatedEngine", name: str, info: PipelineInfo, has_unknown_words: bool) -> None:
-        self._engine, self._name, self.info = engine, name, info
-        if has_unknown_words:
-            self.unknown_words = self._unknown_words
-
-    def _unknown_words(self, prompt: str) -> tuple[str, ...]:
-        engine = self._engine
-        try:
-            return engine._call(lambda: engine._handle.unknown_words.remote(prompt, self._name), engine.call_timeout_s)
-        except Exception:  # noqa: BLE001 - a hint under the prompt box; never an error for the user
-            log.warning("no replica answered unknown_words", exc_info=True)
-            return ()
 
 
 class ReplicatedEngine:
@@ -171,20 +95,19 @@ class ReplicatedEngine:
         self._refresher: asyncio.Task | None = None
         self._snapshot: ReplicatedSnapshot = self._board.snapshot({})
         self._stopped = threading.Event()
-        # Written by callers under the lock (admission, cancel ownership, closing).
+        # Every request of ours in flight, and the open door (callers admit, the relay loop releases).
+        self._ledger: AdmissionLedger[Flight] = AdmissionLedger(
+            self.metrics.requests_rejected, owner="the studio", on_count=self.metrics.requests_in_flight.set)
+        # Which replica serves what (written on the relay loop, read by callers and the views).
         self._lock = threading.Lock()
-        self._closed = False
-        self._flights: dict[str, _Flight] = {}
-        self._count_by_session: Counter[str] = Counter()
-        self._cost_by_session: Counter[str] = Counter()
         self._our_ids: dict[str, str] = {}  # replica engine id -> our request id
         self._served_by: OrderedDict[str, str] = OrderedDict()  # our request id -> replica label (recent)
-        # Set by start(), from the replicas' description: the models (ModelSet of _RemotePipeline) and
+        # Set by start(), from the replicas' description: the models (ModelSet of RemotePipeline) and
         # the default one's, as on an Engine.
         self.models: ModelSet | None = None
-        self.pipeline: _RemotePipeline | None = None
+        self.pipeline: RemotePipeline | None = None
 
-    # ------------------------------------------------------------------ the Engine interface
+    # ------------------------------------------------------------------ the EngineClient interface
     def start(self) -> "ReplicatedEngine":
         """Start the relay loop and wait until a replica has described the model."""
         if self._thread.is_alive():
@@ -223,8 +146,6 @@ class ReplicatedEngine:
         """Most requests in one forward, on each replica."""
         return self._described().max_batch_requests
 
-    max_batch = max_batch_requests
-
     @property
     def unit_cost(self) -> int:
         return self._described().unit_cost
@@ -232,16 +153,16 @@ class ReplicatedEngine:
     @property
     def is_alive(self) -> bool:
         """At least one replica's engine runs, and this facade is open."""
-        return self._thread.is_alive() and not self._closed and self._board.live_count > 0
+        return self._thread.is_alive() and not self._ledger.closed and self._board.live_count > 0
 
     @property
     def accepting(self) -> bool:
-        return not self._closed
+        return not self._ledger.closed
 
     @property
     def failure(self) -> str | None:
         """Why nothing can run now (no replica has reported lately), or None."""
-        if self._closed or self._board.live_count > 0:
+        if self._ledger.closed or self._board.live_count > 0:
             return None
         return f"no engine replica has reported in the last {self._board.stale_after_s:g} s"
 
@@ -252,13 +173,16 @@ class ReplicatedEngine:
 
     @property
     def requests_in_flight(self) -> int:
-        with self._lock:
-            return len(self._flights)
+        return len(self._ledger)
 
     def replica_of(self, request_id: str) -> str | None:
         """The label of the replica that took a request of ours (the last SERVED_BY_KEPT)."""
         with self._lock:
             return self._served_by.get(request_id)
+
+    def prepare(self, params: GenerationParams) -> PreparedRequest:
+        """A replica engine's `prepare` (ValueError): its batch key comes back as its repr."""
+        return self._prepared(params)
 
     def prepare_params(self, params: GenerationParams) -> GenerationParams:
         """Model defaults, a seed, the model's and the server's limits (ValueError), by a replica."""
@@ -270,28 +194,23 @@ class ReplicatedEngine:
         took it. ValueError for bad parameters, AdmissionError when full or closed.
         `from_waiting_queue=True`: as on `Engine.submit`, a refusal for want of room (here also
         "no replica is up") means the caller's request keeps waiting and is not counted."""
-        if self._closed:
-            self.metrics.requests_rejected.labels("closed").inc()
-            raise EngineClosedError("the studio is shutting down; no new requests are accepted.")
+        self._ledger.check_open()
         prepared = self._prepared(params, count_unavailable=not from_waiting_queue)
         handle = RequestHandle(request_id=uuid.uuid4().hex, session_id=session_id, params=prepared.params,
                                _cancel=self.cancel)
-        flight = _Flight(handle, prepared, prepared.cost)
-        with self._lock:
-            self._admit_or_raise(flight, count_no_room=not from_waiting_queue)
-            self._flights[flight.request_id] = flight
-            self._count_by_session[session_id] += 1
-            self._cost_by_session[session_id] += flight.cost
-            self.metrics.requests_in_flight.set(len(self._flights))
-            # Scheduled under the lock: a shutdown (also under it) always comes after.
+        flight = Flight(handle, prepared)
+        limits = self.limits
+        # The queue of every live replica together; a session's count and cost as on one engine.
+        limits = replace(limits, max_queue=limits.max_queue * max(1, self._board.live_count))
+        with self._ledger.admitting(flight, limits, self.unit_cost, count_no_room=not from_waiting_queue):
+            # Scheduled under the ledger's lock: a shutdown (also under it) always comes after.
             self._soon(self._launch, flight)
         return handle
 
     def cancel(self, request_id: str, session_id: str | None = None, *, admin: bool = False) -> bool:
         """Abort a request at its replica's next step boundary. Non-blocking. Only its own session
         may cancel it (or `admin=True`): PermissionError otherwise. False when unknown or ended."""
-        with self._lock:
-            flight = self._flights.get(request_id)
+        flight = self._ledger.get(request_id)
         if flight is None:
             return False
         if not admin and flight.session_id != session_id:
@@ -313,14 +232,13 @@ class ReplicatedEngine:
     def shutdown(self, reason: str = SHUTDOWN_REASON) -> None:
         """Stop admission and end every request of ours (Aborted, cause "shutdown"). Non-blocking.
         The replicas keep running; `serve.shutdown()` stops them."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+        def stop() -> None:
             if self._thread.is_alive():
                 self._soon(lambda: asyncio.ensure_future(self._stop_all(reason)))
-                return
-        self._stopped.set()  # never started
+            else:
+                self._stopped.set()  # never started
+
+        self._ledger.close(then=stop)
 
     def close(self, timeout: float = 30.0) -> None:
         self.shutdown()
@@ -330,8 +248,8 @@ class ReplicatedEngine:
     def wait_stopped(self, timeout: float | None = None) -> bool:
         return self._stopped.wait(timeout)
 
-    # ------------------------------------------------------------------ admission (callers' threads)
-    def _prepared(self, params: GenerationParams, count_unavailable: bool = True) -> Prepared:
+    # ------------------------------------------------------------------ callers' threads
+    def _prepared(self, params: GenerationParams, count_unavailable: bool = True) -> PreparedRequest:
         if self._description is not None and self._board.live_count == 0:
             # Fail fast: the caller may be the studio's event loop, blocked while it waits.
             if count_unavailable:
@@ -351,49 +269,11 @@ class ReplicatedEngine:
             raise answer.as_error()
         return answer
 
-    def _admit_or_raise(self, flight: _Flight, count_no_room: bool = True) -> None:
-        """The engine's admission rules, counted over every replica (under the lock). Each refusal
-        is counted once; `count_no_room=False` leaves the no-room ones uncounted, as on the engine."""
-        if self._closed:
-            self.metrics.requests_rejected.labels("closed").inc()
-            raise EngineClosedError("the studio is shutting down; no new requests are accepted.")
-        with counting_no_room(self.metrics.requests_rejected, count_no_room):
-            self._check_room(flight)
-
-    def _check_room(self, flight: _Flight) -> None:
-        """QueueFullError or SessionLimitError when the queue or the flight's session is full (under the lock)."""
-        limits, session = self.limits, flight.session_id
-        capacity = limits.max_queue * max(1, self._board.live_count)
-        if len(self._flights) >= capacity:
-            raise QueueFullError(f"the queue is full ({capacity} requests in flight); try again shortly.")
-        in_flight = self._count_by_session[session]
-        if in_flight >= limits.max_per_session:
-            raise SessionLimitError(
-                f"this session already has {in_flight} requests in flight "
-                f"(limit {limits.max_per_session}); wait for one to finish or cancel one.")
-        limit = limits.max_session_cost
-        if limit is not None and in_flight:
-            held = self._cost_by_session[session] / self.unit_cost
-            wanted = flight.cost / self.unit_cost
-            if held + wanted > limit:
-                raise SessionLimitError(
-                    f"this session's requests in flight already cost {held:.1f} default requests and this one "
-                    f"costs {wanted:.1f} (rows x tokens x steps); the limit is {limit:g}: wait for one to finish "
-                    "or cancel one.")
-
-    def _release(self, flight: _Flight) -> None:
-        with self._lock:
-            if self._flights.pop(flight.request_id, None) is None:
-                return
-            session = flight.session_id
-            self._count_by_session[session] -= 1
-            self._cost_by_session[session] -= flight.cost
-            if self._count_by_session[session] <= 0:
-                del self._count_by_session[session]
-                del self._cost_by_session[session]
-            if flight.engine_request_id is not None:
+    def _release(self, flight: Flight) -> None:
+        self._ledger.release([flight])
+        if flight.engine_request_id is not None:
+            with self._lock:
                 self._our_ids.pop(flight.engine_request_id, None)
-            self.metrics.requests_in_flight.set(len(self._flights))
 
     def _described(self) -> ReplicaDescription:
         if self._description is None:
@@ -439,8 +319,9 @@ class ReplicatedEngine:
 
     async def _start(self) -> None:
         description = await self._handle.describe.remote()
-        self.models = ModelSet({name: _RemotePipeline(self, name, info, name in description.with_unknown_words)
-                                for name, info in description.infos.items()})
+        self.models = ModelSet({
+            name: RemotePipeline(name, info, self._unknown_words if name in description.with_unknown_words else None)
+            for name, info in description.infos.items()})
         self.pipeline = self.models[None]
         self._description = description
         await self._refresh()
@@ -469,16 +350,19 @@ class ReplicatedEngine:
         description = self._description
         self._snapshot = self._board.snapshot(our_ids, description.mode, description.max_batch_requests)
 
-    def _launch(self, flight: _Flight) -> None:
+    def _unknown_words(self, prompt: str, model: str) -> tuple[str, ...]:
+        return self._call(lambda: self._handle.unknown_words.remote(prompt, model), self.call_timeout_s)
+
+    def _launch(self, flight: Flight) -> None:
         flight.task = asyncio.ensure_future(self._relay(flight))
 
-    def _stop_flight(self, flight: _Flight, reason: str, cause: str) -> None:
+    def _stop_flight(self, flight: Flight, reason: str, cause: str) -> None:
         if flight.stop is None:
             flight.stop = (reason, cause)
         if flight.stream is not None:
             flight.stream.cancel()
 
-    async def _relay(self, flight: _Flight) -> None:
+    async def _relay(self, flight: Flight) -> None:
         """Open the request's stream on a replica and emit its events through the handle."""
         final: Event | None = None
         try:
@@ -499,7 +383,7 @@ class ReplicatedEngine:
             flight.handle.emit(final or Failed("the request's stream ended without a result", stage="replica"))
             deliver_pending()
 
-    async def _stream_events(self, flight: _Flight) -> Event:
+    async def _stream_events(self, flight: Flight) -> Event:
         """Until the final event; a replica that refuses for its own reasons (full, closed,
         broken) is avoided and the next one tried."""
         avoid: list[str] = []
@@ -530,7 +414,7 @@ class ReplicatedEngine:
                 return Failed(f"{flight.replica or 'the engine replica'} ended the stream without a result",
                               stage="replica")
 
-    def _admitted(self, flight: _Flight, item: Admitted) -> None:
+    def _admitted(self, flight: Flight, item: Admitted) -> None:
         flight.replica_id, flight.replica, flight.engine_request_id = item.replica_id, item.replica, item.request_id
         with self._lock:
             self._our_ids[item.request_id] = flight.request_id
@@ -538,13 +422,13 @@ class ReplicatedEngine:
             while len(self._served_by) > SERVED_BY_KEPT:
                 self._served_by.popitem(last=False)
 
-    def _as_replica_failure(self, flight: _Flight, event: Event) -> Event:
+    def _as_replica_failure(self, flight: Flight, event: Event) -> Event:
         """A replica's engine crash fails its requests, not the service: say so."""
         if isinstance(event, Failed) and event.stage == "engine":
             return Failed(f"{event.message} ({flight.replica}; the other replicas keep serving)", stage="replica")
         return event
 
-    def _lost(self, flight: _Flight, error: RayActorError) -> Failed:
+    def _lost(self, flight: Flight, error: RayActorError) -> Failed:
         self.metrics.requests_lost.inc()
         if flight.replica_id is not None:
             self._board.forget(flight.replica_id)
@@ -554,8 +438,7 @@ class ReplicatedEngine:
 
     async def _stop_all(self, reason: str) -> None:
         """Shutdown: abort every request of ours, then end the relay loop."""
-        with self._lock:
-            flights = list(self._flights.values())
+        flights = self._ledger.entries()
         for flight in flights:
             self._stop_flight(flight, reason, "shutdown")
         tasks = [f.task for f in flights if f.task is not None]

@@ -19,13 +19,11 @@ from dataclasses import dataclass, replace
 from PIL import Image
 
 from engine import (
-    AdmissionError,
     Completed,
     EngineClosedError,
     EngineFailedError,
     EngineSnapshot,
     Event,
-    GenerationParams,
     Progress,
     QueueFullError,
     ServingLimits,
@@ -34,15 +32,6 @@ from engine import (
 from pipelines.interface import PipelineInfo
 
 PREVIEW_JPEG_QUALITY = 85
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A request the replica checked: defaults and seed filled in, its batch key and its cost."""
-
-    params: GenerationParams
-    batch_key: str  # repr() of the pipeline's batch key: equal keys share a forward
-    cost: int  # rows x tokens x steps (engine.cost), in the model's units
 
 
 _ERRORS_BY_KIND: dict[str, type[Exception]] = {

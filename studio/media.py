@@ -1,14 +1,28 @@
-"""Media files the studio writes: MP4 videos (H.264, yuv420p: what browsers play) via imageio-ffmpeg."""
+"""Media the studio sends: previews, finished images and videos (MP4, H.264 yuv420p: what
+browsers play, via imageio-ffmpeg), looping GIFs and data URLs.
+
+Everything here encodes or resizes: call it from a worker thread (`asyncio.to_thread`) in async
+handlers, never on the event loop.
+"""
 
 from __future__ import annotations
 
+import base64
+import io
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 from PIL import Image
 
+from studio.server.temp_files import TempFolder
+
+if TYPE_CHECKING:
+    from engine import Completed
+
 DEFAULT_FPS = 16
+VIDEO_FILE_TTL_S = 600  # Gradio copies a returned file into its own cache; ours can go soon after
+VIDEOS = TempFolder("stepstudio-videos", ttl_s=VIDEO_FILE_TTL_S)  # the MP4s written for Gradio to send
 
 
 def model_fps(info) -> int:
@@ -35,8 +49,6 @@ def write_mp4(frames: Sequence[Image.Image], path: Path | str, fps: int = 16) ->
 
 def animated_gif(frames: Sequence[Image.Image], fps: int = 8, max_px: int | None = None) -> bytes:
     """The frames as a looping GIF (a video's live preview), each shrunk to at most `max_px`."""
-    import io
-
     if not frames:
         raise ValueError("an animation needs at least one frame.")
     shown = []
@@ -53,6 +65,36 @@ def animated_gif(frames: Sequence[Image.Image], fps: int = 8, max_px: int | None
 
 
 def data_url(data: bytes, mime: str) -> str:
-    import base64
-
     return f"data:{mime};base64," + base64.b64encode(data).decode()
+
+
+def preview_image(image: Image.Image, max_px: int) -> Image.Image:
+    """A small preview to send: shrunk to at most `max_px` (the page enlarges small ones)."""
+    if max(image.size) <= max_px:
+        return image
+    scaled = image.copy()
+    scaled.thumbnail((max_px, max_px))
+    return scaled
+
+
+def frames_to_video(frames: Sequence[Image.Image], fps: int = DEFAULT_FPS) -> str:
+    """Write frames to a new mp4 file in VIDEOS and return its path (the files there go after
+    VIDEO_FILE_TTL_S: Gradio sends its own copy)."""
+    return str(write_mp4(frames, VIDEOS.new_file(".mp4"), fps))
+
+
+def final_media(completed: "Completed", fps: int = DEFAULT_FPS) -> Image.Image | str:
+    """The image, or the path of the video, of a finished request."""
+    if completed.is_video:
+        return frames_to_video(completed.images, fps=fps)
+    return completed.images[0]
+
+
+def settings_caption(completed: "Completed") -> str:
+    """One line under a finished result: its prompt (shortened) and the settings that made it."""
+    params = completed.params
+    prompt = params.prompt if len(params.prompt) <= 60 else params.prompt[:57] + "..."
+    return (
+        f"{prompt} | seed {completed.seed} | {params.num_inference_steps} steps | "
+        f"{params.width}x{params.height} | guidance {params.guidance_scale:g}"
+    )

@@ -179,7 +179,7 @@ class Run:
         self.forward_sizes: list[int] = []
         self.handles = []
         self.forwards = ForwardLog(pipeline)
-        self.engine = Engine(pipeline, mode="step", max_batch=8)
+        self.engine = Engine(pipeline, mode="step", max_batch_requests=8)
 
     def __enter__(self) -> "Run":
         self.forwards.__enter__()

@@ -16,7 +16,7 @@ from studio.server.app import StudioServer, build_app
 def live_studio(pipeline, outputs: Path | None = None, **options):
     """Yields (server, engine); `options` are StudioOptions fields."""
     config = StudioOptions(model="toy", port=0, outputs=str(outputs) if outputs else None, **options)
-    engine = Engine(pipeline, mode=config.mode, max_batch=config.max_batch, limits=config.limits).start()
+    engine = Engine(pipeline, mode=config.mode, max_batch_requests=config.max_batch, limits=config.limits).start()
     server = StudioServer(build_app(engine, config), "127.0.0.1", 0).start()
     try:
         yield server, engine

@@ -29,7 +29,7 @@ def test_the_builtin_model_is_the_default_and_its_serving_defaults_apply(pipelin
 
 
 def test_engine_follows_prompts_with_live_previews(pipeline):
-    engine = Engine(pipeline, max_batch=8).start()
+    engine = Engine(pipeline, max_batch_requests=8).start()
     try:
         handles = [engine.submit(GenerationParams(prompt=p, seed=100 + i, preview_every=5), session_id=str(i))
                    for i, p in enumerate(PROMPTS)]

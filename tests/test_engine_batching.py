@@ -44,7 +44,7 @@ def test_cobatched_requests_each_equal_their_solo_run():
             handles[index] = engine.submit(arrivals[index], session_id=f"late{index}")
 
     pipeline.on_forward = submit_late
-    with running_engine(pipeline, max_batch=8) as engine:
+    with running_engine(pipeline, max_batch_requests=8) as engine:
         first = engine.submit(a, session_id="first")
         results = [first.result(timeout=30)] + [handles[i].result(timeout=30) for i in (2, 4)]
     for final, p in zip(results, (a, b, c)):
@@ -75,7 +75,7 @@ def test_late_request_joins_at_the_next_step_boundary():
             late["handle"] = engine.submit(params(seed=2, steps=3, prompt="late"), session_id="late")
 
     pipeline.on_forward = submit_at_third_forward
-    with running_engine(pipeline, max_batch=4) as engine:
+    with running_engine(pipeline, max_batch_requests=4) as engine:
         early = engine.submit(params(seed=1, steps=8, prompt="early"), session_id="early")
         early.result(timeout=30)
         late_id = late["handle"].request_id
@@ -94,7 +94,7 @@ def test_max_batch_requests_caps_requests_per_forward_and_the_rest_wait():
     submissions = [(params(seed=i, steps=3), f"s{i}") for i in range(5)]
     with engine_started_after(submissions, pipeline, max_batch_requests=2) as (engine, handles):
         assert all(isinstance(h.result(timeout=30), Completed) for h in handles)
-        assert (engine.max_batch_requests, engine.max_batch) == (2, 2)  # the old name still answers
+        assert engine.max_batch_requests == 2
     ids = [h.request_id for h in handles]
     # Two at a time, in arrival order (one session each, so sessions take turns in that order).
     assert pipeline.forward_log == [tuple(ids[0:2])] * 3 + [tuple(ids[2:4])] * 3 + [(ids[4],)] * 3
@@ -118,7 +118,7 @@ def test_request_mode_runs_one_batch_to_the_end_before_admitting():
             late["handle"] = engine.submit(params(seed=2, steps=2, prompt="late"), session_id="late")
 
     pipeline.on_forward = submit_at_second_forward
-    with running_engine(pipeline, mode="request", max_batch=4) as engine:
+    with running_engine(pipeline, mode="request", max_batch_requests=4) as engine:
         engine.submit(params(seed=1, steps=5), session_id="early").result(timeout=30)
         late["handle"].result(timeout=30)
     late_id = late["handle"].request_id

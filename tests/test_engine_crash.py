@@ -52,7 +52,7 @@ def test_close_of_a_crashed_engine_returns_at_once():
 
 
 class _WatchedLock:
-    """The engine's lock, telling when a thread had to wait for it (another thread held it)."""
+    """The engine's admission lock, telling when a thread had to wait for it (another thread held it)."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
@@ -115,7 +115,8 @@ def test_a_submit_racing_close_is_answered_not_stranded():
     first = engine.submit(params(seed=1, steps=3), session_id="a")
     engine.start()
     gate.wait()  # the engine is busy inside its first forward
-    lock = engine._lock = _WatchedLock(engine._lock)
+    ledger = engine._ledger  # admission and closing both hold its lock
+    lock = ledger._lock = _WatchedLock(ledger._lock)
     engine._commands = commands = _CloseDuringSubmit(engine, lock, gate)
     racing = engine.submit(params(seed=2), session_id="b")
     gate.release()

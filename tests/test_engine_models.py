@@ -42,7 +42,7 @@ def test_each_model_fills_in_its_own_defaults_and_limits():
         engine.prepare_params(GenerationParams(prompt="x", width=128, height=64))
     with pytest.raises(ValueError, match=r"model='video' is not loaded here; the loaded models are: small, wide\."):
         engine.prepare_params(GenerationParams(prompt="x", model="video"))
-    assert engine._batch_key(small) == ModelBatchKey("small", first.batch_key(small))
+    assert engine.prepare(small).batch_key == ModelBatchKey("small", first.batch_key(small))
 
 
 def test_models_never_share_a_forward_and_take_turns():

@@ -190,7 +190,7 @@ def test_requests_share_a_batch_key_across_steps_seeds_prompts_and_guidance(flux
 
 # ---------------------------------------------------------------------------- preview
 def test_engine_previews_are_small_rgb_images_on_the_latent_grid(flux):
-    engine = Engine(flux, mode="step", max_batch=8).start()
+    engine = Engine(flux, mode="step", max_batch_requests=8).start()
     try:
         handle = engine.submit(request(seed=3, num_inference_steps=4, preview_every=1), session_id="a")
         previews = [e.preview for e in handle.events(timeout=60) if isinstance(e, Progress) and e.preview is not None]

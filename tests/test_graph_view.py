@@ -17,7 +17,7 @@ def _node(svg: str, stage: str) -> str:
 
 def _running_and_waiting_snapshot():
     pipeline = ToyPipeline(step_delay_s=0.02)
-    engine = Engine(pipeline, max_batch=1).start()
+    engine = Engine(pipeline, max_batch_requests=1).start()
     mine = engine.submit(GenerationParams(prompt="a red circle", num_inference_steps=100), "me")
     other = engine.submit(GenerationParams(prompt="a blue square", num_inference_steps=4), "you")
     for event in mine.events(timeout=10):
@@ -79,7 +79,7 @@ def test_the_denoise_title_shows_the_steps_of_the_requests_there():
 
 def test_several_models_get_a_row_each_with_their_own_counts():
     first, second = ToyPipeline(step_delay_s=0.02), ToyPipeline()
-    engine = Engine({"small": first, "video": second}, max_batch=1).start()
+    engine = Engine({"small": first, "video": second}, max_batch_requests=1).start()
     try:
         running = engine.submit(GenerationParams(prompt="a", num_inference_steps=100, model="small"), "me")
         for event in running.events(timeout=10):

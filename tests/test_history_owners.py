@@ -18,10 +18,10 @@ from PIL.PngImagePlugin import PngInfo
 from benchmarks.stress import crafted_pngs
 from engine import Completed, GenerationParams, Timings
 from pipelines.toy import ToyPipeline
-from studio.bridge import session_id_of
 from studio.outputs import OutputStore, UnreadablePng, parse_infotext, png_texts
 from studio.page.simple_tab import GUIDANCE_RANGE, ModelForm
 from studio.server.history_owners import SECRET_FILE, HistoryOwners, legacy_owner_key
+from studio.sessions import session_id_of
 from tests.studio_helpers import live_studio
 
 SECRET = b"a test secret that is 32 bytes.."

@@ -6,10 +6,13 @@ loaded (with torch made unimportable where it must not be needed)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,3 +68,65 @@ def test_model_adapters_never_import_the_engine_or_the_studio():
     failed, loaded = _import_all("pipelines", block_torch=False)
     assert failed == {}
     assert not {"engine", "studio", "gradio"} & _top_level(loaded)
+
+
+# ---------------------------------------------------------------------- serve/ (Ray Serve replicas)
+SERVE = ROOT / "serve"
+# A named tuple's public API starts with "_" (prometheus samples are named tuples).
+_PUBLIC_UNDERSCORE_NAMES = {"_replace", "_asdict", "_fields", "_make"}
+
+
+def private_names_used(source: str) -> list[str]:
+    """Private names a module takes from others: `from x import _y`, and `obj._y` on anything
+    but its own `self` / `cls`."""
+    used = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            used += [f"from {node.module} import {alias.name}" for alias in node.names if alias.name.startswith("_")]
+        elif isinstance(node, ast.Attribute) and _is_private(node.attr):
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                used.append(f"{ast.unparse(node.value)}.{node.attr}")
+    return used
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.endswith("__") and name not in _PUBLIC_UNDERSCORE_NAMES
+
+
+def imported_modules(source: str) -> set[str]:
+    modules = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            modules |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            modules.add(node.module)
+    return modules
+
+
+def test_the_private_name_check_sees_imports_and_attributes():
+    source = ("from engine.engine import _Submit, Engine\n"
+              "key = engine._batch_key(params)\n"
+              "self._own = sample._replace(value=1)\n"
+              "self._handle.prepare.remote(self._engine._cost)\n")
+    assert private_names_used(source) == ["from engine.engine import _Submit", "engine._batch_key", "self._engine._cost"]
+
+
+def test_serve_uses_only_public_names_of_the_engine_and_everything_else():
+    used = {path.name: private_names_used(path.read_text()) for path in sorted(SERVE.glob("*.py"))}
+    assert {name: names for name, names in used.items() if names} == {}
+
+
+def test_serve_reaches_the_studio_only_for_its_options_and_its_app():
+    imported = set().union(*(imported_modules(path.read_text()) for path in SERVE.glob("*.py")))
+    assert "gradio" not in _top_level(imported)  # torch, yes: a replica runs a model
+    # The app is built inside the ingress replica (serve/application.py), never at import.
+    assert {m for m in imported if m.partition(".")[0] == "studio"} == {"studio.config", "studio.server.app"}
+
+
+def test_every_serve_module_loads_without_torch_or_gradio():
+    """Torch only once a replica starts on its device; gradio only in the ingress's app."""
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install -e '.[serve]')")
+    failed, loaded = _import_all("serve", block_torch=True)
+    assert failed == {}
+    assert not {"torch", "gradio"} & _top_level(loaded)
+    assert {m for m in loaded if m.partition(".")[0] == "studio"} == {"studio", "studio.config"}

@@ -122,7 +122,7 @@ def test_counters_move_as_requests_complete_fail_and_are_cancelled():
 
 
 def test_queue_gauges_and_rejections():
-    with running_api(step_delay_s=0.01, max_batch=1, limits=ServingLimits(max_queue=2)) as api:
+    with running_api(step_delay_s=0.01, max_batch_requests=1, limits=ServingLimits(max_queue=2)) as api:
         first = api.engine.submit(GenerationParams(prompt="one", num_inference_steps=100), session_id="a")
         second = api.engine.submit(GenerationParams(prompt="two", num_inference_steps=100), session_id="b")
         wait_until(

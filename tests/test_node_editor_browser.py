@@ -188,7 +188,7 @@ def test_problems_are_shown_on_their_nodes_and_nothing_runs(page, studio):
     page.fill(f"#node-{steps} input", "5000")
     page.click("[data-action='run']")
     page.wait_for_selector(f"#node-{steps}[data-state='invalid'] .sse-problem")
-    assert "out of range" in page.inner_text(f"#node-{steps} .sse-problem")
+    assert "num_inference_steps=5000 is above this server's limit" in page.inner_text(f"#node-{steps} .sse-problem")
     assert page.get_attribute(".sse-root", "data-run-state") == "invalid"
     assert len(pipeline.encoded) == encoded
     shot(page, "editor-problem")
@@ -254,6 +254,56 @@ def test_a_saved_png_opens_its_workflow(page, studio):
     by_type = lambda w: sorted((n["type"], json.dumps(n["values"], sort_keys=True)) for n in w["nodes"])  # noqa: E731
     assert by_type(reopened) == by_type(original)
     assert len(reopened["links"]) == len(original["links"]) == 4
+
+
+def test_a_finished_run_shows_every_branch_image_and_each_picture_came_once(page, studio):
+    """The run's updates carry a branch's preview only when it is new and results as file URLs;
+    the editor merges them, so once the run completes every branch's image shows."""
+    def link(a, b, port):
+        return {"from": {"node": a, "port": port}, "to": {"node": b, "port": port}}
+
+    workflow = {"version": 1, "nodes": [
+        {"id": "p", "type": "prompt", "values": {"text": "a red circle"}, "position": [40, 40]},
+        {"id": "d", "type": "seed_batch", "values": {"start": 3, "count": 4}, "position": [40, 240]},
+        {"id": "s", "type": "sampler", "values": {}, "position": [330, 100]},
+        {"id": "lp", "type": "live_preview", "values": {}, "position": [660, 20]},
+        {"id": "io", "type": "image_output", "values": {}, "position": [660, 260]},
+        {"id": "g", "type": "grid", "values": {"x": "seed", "y": "auto"}, "position": [660, 500]}],
+        "links": [link("p", "s", "prompt"), link("d", "s", "seed"), link("s", "lp", "images"),
+                  link("s", "io", "images"), link("s", "g", "images")]}
+    page.evaluate("(w) => document.querySelector('.sse-root').stepstudioEditor.load(w)", workflow)
+    page.wait_for_function("() => document.querySelectorAll('.sse-canvas .drawflow-node').length == 6")
+    # Every update as it arrives from Python, before the editor merges it.
+    page.evaluate("""() => { const editor = document.querySelector('.sse-root').stepstudioEditor;
+        window.updates = []; const show = editor.showRun.bind(editor);
+        editor.showRun = (update) => { window.updates.push(JSON.parse(JSON.stringify(update))); return show(update); }; }""")
+    page.click("[data-action='run']")
+    page.wait_for_selector(".sse-root[data-run-state='completed']", timeout=60_000)
+    (output,) = nodes(page, "image_output")
+    (preview,) = nodes(page, "live_preview")
+    (grid,) = nodes(page, "grid")
+    loaded = "(img) => img.complete && img.naturalWidth > 0 && getComputedStyle(img).display !== 'none'"
+    for node in (output, preview):
+        page.wait_for_function(f"() => [...document.querySelectorAll('#node-{node} .sse-thumb img')].filter({loaded}).length == 4")
+    page.wait_for_function(f"() => [...document.querySelectorAll('#node-{grid} img.sse-grid')].filter({loaded}).length == 1")
+    sources = [img.get_attribute("src") for img in page.query_selector_all(f"#node-{output} .sse-thumb img")]
+    assert len(set(sources)) == 4 and all(src.startswith("gradio_api/file=") for src in sources)
+    assert page.get_attribute(f"#node-{grid} img.sse-grid", "src").startswith("gradio_api/file=")
+    # Each branch's thumbnails show its own image: its figure says which branch it is.
+    indices = [el.get_attribute("data-index") for el in page.query_selector_all(f"#node-{output} .sse-thumb")]
+    assert indices == ["0", "1", "2", "3"]
+
+    updates = page.evaluate("() => window.updates")
+    assert len(updates) > 5 and all(len(u["branches"]) == 4 for u in updates)
+    for index in range(4):
+        previews = [u["branches"][index]["preview"] for u in updates if "preview" in u["branches"][index]]
+        # A preview is sent only in the update where it is new: one every 2 steps (preview_every=2).
+        assert 1 <= len(previews) <= STEPS // 2 + 1
+        images = {u["branches"][index]["image"] for u in updates if u["branches"][index]["image"]}
+        assert len(images) == 1  # one file, written once, named in every later update
+    # The editor kept each branch's last preview between the updates that brought one.
+    kept = page.evaluate("() => document.querySelector('.sse-root').stepstudioEditor.runState.branches.map((b) => !!b.preview)")
+    assert kept == [True] * 4
 
 
 def test_fit_shows_every_node(page):

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from engine import Engine, GenerationParams, ServingLimits
+from pipelines.errors import ParamError
 from pipelines.toy import ToyPipeline
 
 
@@ -33,8 +34,10 @@ from pipelines.toy import ToyPipeline
 )
 def test_bad_values_raise_clear_errors(fields, message):
     values = {"prompt": "a red circle", **fields}
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(ParamError, match=message.replace("(", r"\(").replace(".", r"\.")) as caught:
         GenerationParams(**values)
+    assert caught.value.field == next(iter(fields))  # the field it is about, for front ends to point at
+    assert isinstance(caught.value, ValueError) and caught.value.message == str(caught.value)
 
 
 def test_good_values_are_kept_and_unset_ones_stay_none():
@@ -63,6 +66,7 @@ def test_engine_fills_defaults_and_records_a_random_seed():
 )
 def test_server_and_model_limits_apply_before_queueing(fields, message):
     engine = Engine(ToyPipeline(), limits=ServingLimits(max_steps=50, max_size=256))
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ParamError, match=message) as caught:
         engine.submit(GenerationParams(prompt="a red circle", **fields))
+    assert caught.value.field == next(iter(fields))
     assert engine.snapshot().requests == ()

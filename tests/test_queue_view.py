@@ -8,13 +8,8 @@ import pytest
 
 from engine import Engine, GenerationParams
 from pipelines.toy import ToyPipeline
-from studio.page.queue_view import (
-    HIDDEN_PROMPT,
-    format_seconds,
-    render_queue,
-    short_id,
-    snapshot_as_dict,
-)
+from studio.page.queue_view import format_seconds, render_queue
+from studio.queue_snapshot import HIDDEN_PROMPT, short_id, snapshot_as_dict
 from tests.engine_helpers import StepGate
 
 
@@ -89,3 +84,50 @@ def test_empty_queue_says_so():
 @pytest.mark.parametrize(("seconds", "text"), [(None, "–"), (0.25, "0.2 s"), (12.4, "12 s"), (125, "2 m 05 s")])
 def test_format_seconds(seconds, text):
     assert format_seconds(seconds) == text
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_live_views_are_sent_to_a_tab_only_when_they_changed(monkeypatch):
+    """A run's stream sends the views at most once per refresh period (always in its last update),
+    the timer leaves the tab alone meanwhile, and nothing unchanged is sent again (but for the
+    timer's resend every RESEND_S)."""
+    import gradio as gr
+
+    from studio.page import ui
+
+    clock = _Clock()
+    monkeypatch.setattr(ui.time, "monotonic", clock)
+    gate = StepGate(1)  # a request held in its second step
+    engine = Engine(ToyPipeline(on_forward=gate)).start()
+    views = ui.LiveViews(gr.Timer(0.5, render=False), gr.HTML(render=False), gr.HTML(render=False), engine,
+                         show_prompts=False, refresh_s=0.5)
+    skip = gr.skip()
+    try:
+        first = views.render("tab")
+        assert set(first) == {views.queue, views.graph} and "no requests right now" in first[views.queue]
+        clock.now += 0.2
+        assert views.render("tab") == {}  # a stream sent them 0.2 s ago
+        assert views.refresh("tab") == {views.queue: skip, views.graph: skip}
+        assert views.render("tab", final=True) == {}  # the last update: computed, but nothing changed
+        engine.submit(GenerationParams(prompt="a square", num_inference_steps=3), "tab")
+        gate.wait()
+        clock.now += 0.6
+        changed = views.refresh("tab")
+        assert "a square" in changed[views.queue] and "you: 1/3" in changed[views.graph]
+        clock.now += 0.6
+        assert views.refresh("tab") == {views.queue: skip, views.graph: skip}
+        clock.now += ui.RESEND_S
+        resent = views.refresh("tab")
+        assert "a square" in resent[views.queue] and "<svg" in resent[views.graph]
+        views.sent.forget("tab")
+        assert set(views.render("tab")) == {views.queue, views.graph}
+    finally:
+        gate.release()
+        engine.close()

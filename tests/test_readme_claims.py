@@ -1,5 +1,6 @@
-"""README claims that no other test proved, each at the README's own default values; every
-test's docstring quotes the sentence it proves.
+"""Claims of the README's pages (docs/http-api.md, docs/replicas.md) that no other test proved,
+each at the documented default values; every test's docstring names the page and quotes the
+sentence it proves, and a test checks that the page still says it.
 
 - `/v1/videos` (over a real uvicorn server, with the toy model served as a video model): the
   per-caller job limit (429 `video_limit`), the `openai-poll-after-ms` header, 409
@@ -18,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import httpx
 import pytest
@@ -80,8 +83,8 @@ def statuses(http: httpx.Client) -> dict[str, str]:
 
 # ---------------------------------------------------------------------- /v1/videos
 def test_a_caller_with_16_videos_in_progress_gets_429_video_limit():
-    """README, HTTP API: "a caller holds at most 16 jobs, a new one pushing out its own oldest
-    finished one (429 `video_limit` while all 16 are still running)"."""
+    """docs/http-api.md: "a caller holds at most 16 jobs, a new one pushing out its own oldest
+    finished one (429 `video_limit` while all 16 are still running ...)"."""
     gate = StepGate(0)  # the engine holds its first forward: every job stays queued or running
     # The engine's default limits (16 requests per session) leave room for 16 running jobs.
     with api_server(ToyVideo(on_forward=gate)) as (engine, http):
@@ -109,7 +112,7 @@ def test_a_caller_with_16_videos_in_progress_gets_429_video_limit():
 
 
 def test_at_the_studios_default_session_limit_the_ninth_running_video_gets_429_session_limit():
-    """README, HTTP API: "(429 `video_limit` while all 16 are still running; at the studio's
+    """docs/http-api.md: "(429 `video_limit` while all 16 are still running; at the studio's
     default `--max-per-session` of 8 the engine's limit refuses a ninth running one first, 429
     `session_limit`)"."""
     gate = StepGate(0)
@@ -128,7 +131,7 @@ def test_at_the_studios_default_session_limit_the_ninth_running_video_gets_429_s
 
 
 def test_video_answers_carry_the_openai_poll_after_ms_header_of_250():
-    """README, HTTP API: "The `openai-poll-after-ms` header (250) paces `create_and_poll`"."""
+    """docs/http-api.md: "The `openai-poll-after-ms` header (250) paces `create_and_poll`"."""
     with api_server(ToyVideo()) as (_, http):
         created = create_video(http)
         assert created.status_code == 200 and created.headers["openai-poll-after-ms"] == "250"
@@ -137,7 +140,7 @@ def test_video_answers_carry_the_openai_poll_after_ms_header_of_250():
 
 
 def test_the_content_of_a_failed_video_is_409_video_failed():
-    """README, HTTP API: "`GET /v1/videos/{id}/content` ... 409 (`video_not_ready`,
+    """docs/http-api.md: "`GET /v1/videos/{id}/content` ... 409 (`video_not_ready`,
     `video_failed`) before it completed" and "`failed` with `error: {code, message}`"."""
     with api_server(ToyVideo()) as (_, http):
         video_id = create_video(http, "a circle [fail:denoise_step]").json()["id"]
@@ -156,7 +159,7 @@ def test_the_content_of_a_failed_video_is_409_video_failed():
     ("cross-site", 403), ("same-site", 403), ("same-origin", 200), ("none", 200),
 ])
 def test_a_form_a_browser_marks_as_from_another_site_is_refused(sec_fetch_site, status):
-    """README, HTTP API: "A multipart body that a browser marks as coming from another site or
+    """docs/http-api.md: "A multipart body that a browser marks as coming from another site or
     origin (an `Origin` not this server's, `Sec-Fetch-Site: cross-site` or `same-site`) is refused
     (403 `cross_site_request`)"."""
     pipeline = ToyVideo()
@@ -174,7 +177,7 @@ def test_a_form_a_browser_marks_as_from_another_site_is_refused(sec_fetch_site, 
 
 @pytest.mark.skipif(not (BUILTIN_VIDEO_MODEL_DIR / "model_index.json").is_file(), reason="assets/shapes-wan missing")
 def test_the_built_in_video_model_names_its_2k_plus_1_frame_counts():
-    """README, HTTP API: "Bad video input names what is allowed, e.g. `num_frames=10 is not a
+    """docs/http-api.md: "Bad video input names what is allowed, e.g. `num_frames=10 is not a
     frame count shapes-wan takes (e.g. 9 or 11): allowed are 2k+1 up to 129: 1, 3, 5, ..., 127,
     129`"."""
     with api_server(load_pipeline("builtin-video")) as (engine, http):
@@ -187,7 +190,7 @@ def test_the_built_in_video_model_names_its_2k_plus_1_frame_counts():
 
 # ---------------------------------------------------------------------- the HTTP API's default guards
 def test_a_wrong_key_costs_a_second_and_ten_in_a_minute_lock_the_host_out():
-    """README, HTTP API: "A wrong key costs its host a second before the 401, one guess at a time
+    """docs/http-api.md: "A wrong key costs its host a second before the 401, one guess at a time
     per host; ten wrong keys ... within a minute lock the host out for a minute (429
     `too_many_failed_attempts`, `Retry-After`)"."""
     with api_server(ToyPipeline(), config=HttpApiConfig(api_keys={"alice": "sk-alice"})) as (_, http):
@@ -206,7 +209,7 @@ def test_a_wrong_key_costs_a_second_and_ten_in_a_minute_lock_the_host_out():
 
 
 def test_one_caller_holds_at_most_32_of_the_256_url_images():
-    """README, HTTP API: "one caller holds at most 32 of the store's 256, and when the store is
+    """docs/http-api.md: "one caller holds at most 32 of the store's 256, and when the store is
     full the caller holding the most gives up its oldest, so no caller can push others' images
     out"."""
     callers = [f"c{index}" for index in range(9)]
@@ -237,7 +240,7 @@ def test_one_caller_holds_at_most_32_of_the_256_url_images():
 
 
 def test_a_body_not_in_within_10_s_is_answered_408_and_a_caller_gone_mid_body_logs_nothing(capfd):
-    """README, HTTP API: "408 body not in within 10 s (`request_timeout`)", through the studio as
+    """docs/http-api.md: "408 body not in within 10 s (`request_timeout`)", through the studio as
     `python app.py` builds it (its connection deadline, `request_timeout_s`, is 30 s: the API's
     own 10 s answers first); and "No traceback is logged for a rejected input"."""
     pipeline = ToyPipeline()
@@ -324,7 +327,7 @@ def replicated_api(replicas: StandInReplicas):
 
 
 def test_with_no_replica_up_a_call_is_refused_at_once_with_429_try_again_shortly():
-    """README, Ray Serve: "while no replica is up at all `submit` fails at once with a "try again
+    """docs/replicas.md: "while no replica is up at all `submit` fails at once with a "try again
     shortly" (429 `queue_full` over HTTP) instead of waiting for Serve's replacement"."""
     replicas = StandInReplicas(replica_up=False)
     with replicated_api(replicas) as (facade, http):
@@ -337,7 +340,7 @@ def test_with_no_replica_up_a_call_is_refused_at_once_with_429_try_again_shortly
 
 
 def test_a_replica_call_that_never_answers_is_given_up_after_10_s():
-    """README, Ray Serve: "No call waits forever: every replica call has a deadline (10 s; 10
+    """docs/replicas.md: "No call waits forever: every replica call has a deadline (10 s; 10
     minutes for the first, while the replicas load their model at start)"."""
     replicas = StandInReplicas(replica_up=True)
     with replicated_api(replicas) as (facade, http):
@@ -349,3 +352,24 @@ def test_a_replica_call_that_never_answers_is_given_up_after_10_s():
         assert error["message"] == "no engine replica answered within 10 s (TimeoutError); try again shortly."
         assert took >= 10.0 and replicas.prepare_calls == 1
         assert facade.requests_in_flight == 0
+
+
+# ---------------------------------------------------------------------- the claims' sources
+def quoted_claims() -> list[tuple[str, str, str]]:
+    """(test, page, the quote's first words) for every test here whose docstring quotes a page."""
+    claims = []
+    for name, test in sorted(globals().items()):
+        doc = " ".join((test.__doc__ or "").split()) if name.startswith("test_") else ""
+        quoted = re.match(r'((?:docs/[\w-]+|README)\.md): "(.+?)(?: \.\.\.|")', doc)
+        if quoted:
+            claims.append((name, quoted[1], quoted[2]))
+    return claims
+
+
+def test_every_quoted_claim_is_still_on_its_page():
+    root = Path(__file__).resolve().parent.parent
+    claims = quoted_claims()
+    assert len(claims) == 11  # every claim test above names its page
+    missing = [(name, page, words) for name, page, words in claims
+               if words not in " ".join((root / page).read_text().split())]
+    assert missing == []

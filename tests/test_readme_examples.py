@@ -1,6 +1,6 @@
-"""The README's Python examples run as written against the quick-start server (`python app.py`,
-the built-in model), each in a fresh interpreter; only the server's address is changed, to a
-free port."""
+"""The Python examples of the README and the docs/ pages run as written against the quick-start
+server (`python app.py`, the built-in model), each in a fresh interpreter; only the server's
+address is changed, to a free port."""
 
 from __future__ import annotations
 
@@ -16,15 +16,26 @@ import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
-EXAMPLES = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# (page, code) for every Python example, in page order.
+EXAMPLES = [(page.relative_to(ROOT).as_posix(), code) for page in PAGES
+            for code in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)]
 QUICK_START_URL = "http://127.0.0.1:7860"
 
 
-def test_the_readme_has_its_examples():
-    uses = [("Engine(" in code, "images.generate" in code, "/generate" in code, "/run_workflow" in code)
-            for code in EXAMPLES]
-    assert [any(column) for column in zip(*uses)] == [True, True, True, True]
+def test_the_pages_have_their_examples():
+    """Six examples, each on the page a reader looks for it: the smallest way in of gradio_client and
+    of the HTTP API in the README, the rest next to what they show."""
+    where: dict[str, list[str]] = {}
+    for page, code in EXAMPLES:
+        where.setdefault(page, []).append(code)
+    assert len(EXAMPLES) == 6 and len({code for _, code in EXAMPLES}) == 6
+    assert [("/generate\"" in code, "images.generate" in code) for code in where["README.md"]] == [(True, False),
+                                                                                                  (False, True)]
+    assert any("Engine(" in code for code in where["docs/engine.md"])
+    assert any("videos.create_and_poll" in code for code in where["docs/http-api.md"])
+    assert any("/generate_video" in code for code in where["docs/studio.md"])
+    assert any("/run_workflow" in code for code in where["docs/workflows.md"])
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +64,9 @@ def quick_start_server(tmp_path_factory):
         process.wait(30)
 
 
-@pytest.mark.parametrize("index", range(len(EXAMPLES)))
+@pytest.mark.parametrize("index", range(len(EXAMPLES)), ids=[f"{page}-{i}" for i, (page, _) in enumerate(EXAMPLES)])
 def test_readme_example_runs(quick_start_server, index):
-    code = EXAMPLES[index].replace(QUICK_START_URL, quick_start_server)
+    code = EXAMPLES[index][1].replace(QUICK_START_URL, quick_start_server)
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=240,
                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert result.returncode == 0, result.stderr[-3000:]

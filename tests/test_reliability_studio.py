@@ -16,10 +16,10 @@ from gradio_client.exceptions import AppError
 
 from engine import Engine
 from pipelines.toy import ToyPipeline
-from studio.bridge import session_id_of
 from studio.config import StudioOptions
 from studio.server.app import StudioServer, build_app
 from studio.server.temp_files import delete_temp_files
+from studio.sessions import session_id_of
 from tests.engine_helpers import StepGate
 from tests.test_http_api import assert_openai_error, raw_post, wait_until
 
@@ -181,13 +181,16 @@ def test_half_sent_headers_are_answered_408_and_disconnected():
 def test_video_files_written_for_gradio_do_not_pile_up(tmp_path, monkeypatch):
     from PIL import Image
 
-    from studio import bridge
+    from studio import media
+    from studio.server.temp_files import TempFolder
 
-    monkeypatch.setattr(bridge, "VIDEO_DIR", tmp_path)
-    old = tmp_path / "stepstudio-old.mp4"
+    monkeypatch.setattr(media, "VIDEOS", TempFolder("videos", ttl_s=media.VIDEO_FILE_TTL_S, parent=tmp_path))
+    folder = tmp_path / "videos"
+    folder.mkdir()
+    old = folder / "stepstudio-old.mp4"
     old.write_bytes(b"an hour-old video")
     os.utime(old, (time.time() - 3600, time.time() - 3600))
     frames = tuple(Image.new("RGB", (16, 16), (i * 40, 0, 0)) for i in range(5))
-    path = bridge.frames_to_video(frames, fps=4)
+    path = media.frames_to_video(frames, fps=4)
     assert not old.exists()
-    assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(path)] and os.path.getsize(path) > 0
+    assert [p.name for p in folder.iterdir()] == [os.path.basename(path)] and os.path.getsize(path) > 0

@@ -76,7 +76,7 @@ def _metric(engine, name: str, replica: str) -> float:
 
 
 def test_the_facade_describes_the_replicas_model_and_limits(engine):
-    assert (engine.info.name, engine.mode, engine.max_batch, engine.limits.max_per_session) == ("toy", "step", 4, 3)
+    assert (engine.info.name, engine.mode, engine.max_batch_requests, engine.limits.max_per_session) == ("toy", "step", 4, 3)
     assert sorted(report.replica for report in engine.replicas) == ["replica 0", "replica 1"]
     assert len({report.pid for report in engine.replicas}) == 2
     assert engine.is_alive and engine.failure is None
@@ -88,6 +88,10 @@ def test_the_facade_describes_the_replicas_model_and_limits(engine):
     prepared = engine.prepare_params(GenerationParams(prompt="a red circle"))
     assert (prepared.model, prepared.width, prepared.height, prepared.num_inference_steps) == ("toy", 64, 64, 8)
     assert isinstance(prepared.seed, int)
+    # The replica's engine prepares: the same params, batch key (as its repr, for the router) and cost.
+    remote = engine.prepare(GenerationParams(prompt="a red circle", seed=3))
+    local = Engine(ToyPipeline()).prepare(GenerationParams(prompt="a red circle", seed=3))
+    assert (remote.params, remote.batch_key, remote.cost) == (local.params, repr(local.batch_key), local.cost)
     with pytest.raises(ValueError, match="width=60 must be a multiple of 8 for the toy model"):
         engine.submit(GenerationParams(prompt="x", width=60), session_id="bad")
     assert engine.requests_in_flight == 0

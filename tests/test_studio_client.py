@@ -255,7 +255,7 @@ def test_a_failing_request_and_a_full_session_are_reported_and_the_app_keeps_ser
 def test_cancel_while_waiting_in_the_queue():
     pipeline = ToyPipeline(step_delay_s=STEP_DELAY_S)
     config = StudioOptions(model="toy", port=0, max_batch=1, preview_every=0)
-    engine = Engine(pipeline, mode=config.mode, max_batch=config.max_batch, limits=config.limits).start()
+    engine = Engine(pipeline, mode=config.mode, max_batch_requests=config.max_batch, limits=config.limits).start()
     # The first request may not finish (and the second start) before the cancel arrives: the
     # engine waits in the first request's second forward until the second one is submitted, and
     # then in the first forward after it was queued behind the first, until the cancel is in.

@@ -137,6 +137,6 @@ def test_generation_with_shipped_defaults_follows_held_out_prompts(pipe, default
     assert all(clip.shape == (9, 64, 64, 3) for clip in clips)
     scores = evaluate_videos(list(zip(PROMPTS, clips)))
     # Colour, background and motion are learned; shape is right in about nine clips of ten (too few
-    # prompts here to assert it; README: evaluation).
+    # prompts here to assert it; docs/models.md: evaluation).
     for attribute in ("color", "background", "direction"):
         assert scores[attribute] >= 0.75, scores

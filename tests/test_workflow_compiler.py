@@ -21,9 +21,9 @@ from studio.workflows.format import (
     MAX_WORKFLOW_DEPTH,
     WorkflowError,
     json_bytes,
-    node_type_specs,
     parse_workflow,
 )
+from studio.workflows.nodes import node_type_specs
 
 LIMITS = WorkflowLimits((ModelLimits(max_steps=100, max_size=256, size_multiple=16, schedulers=("euler", "ddim"),
                                      uses_negative_prompt=True),), max_branches=64)
@@ -293,11 +293,15 @@ def test_values_outside_the_models_limits():
     links = [TO_SAMPLER, link("t", "steps", "s", "steps"), link("z", "size", "s", "size"),
              link("c", "scheduler", "s", "scheduler"), link("g", "guidance", "s", "guidance")]
     found = {(f[0], f[1]): f[2] for f in problems(nodes, links)}
-    assert found[("t", "steps")] == "500 is out of range for this server: allowed is 1..100."
-    assert found[("z", "width")] == "100 is not a multiple of 16 (e.g. 96 or 112)."
-    assert found[("z", "height")] == "512 is out of range for this model and server: allowed is 16..256."
-    assert "not a scheduler this model offers; allowed are: euler, ddim" in found[("c", "name")]
-    assert found[("g", "scale")] == "'lots' is not a number."
+    # The engine's own rules and words (pipelines.validation, engine.limits), at the node's field.
+    assert found == {
+        ("t", "steps"): "num_inference_steps=500 is above this server's limit: allowed is 1..100.",
+        ("z", "width"): "width=100 is not allowed: default needs a multiple of 16 (e.g. 96 or 112).",
+        ("z", "height"): "height=512 is above this server's limit of 256 pixels.",
+        ("c", "name"): "scheduler='dpm++' is not a noise scheduler this model offers; allowed are: euler, ddim "
+                       "(or leave it unset for the default).",
+        ("g", "scale"): "'lots' is not a number.",
+    }
 
 
 def test_negative_prompt_refused_for_a_model_without_one():
@@ -362,16 +366,16 @@ def test_values_must_suit_every_model_of_their_sampler():
              link("n", "negative_prompt", "s", "negative_prompt"), link("f", "frames", "s", "frames")]
     found = {(f[0], f[1]): f[2] for f in problems(nodes, links, limits=TWO_MODELS)}
     assert found == {
-        ("t", "steps"): "40 is out of range for shapes-wan: allowed is 1..30.",
+        ("t", "steps"): "shapes-wan: num_inference_steps=40 is above this server's limit: allowed is 1..30.",
         ("s", "negative_prompt"): "shapes-wan takes no negative prompt: remove the link.",
-        ("f", "frames"): "shapes-flux makes still images: frames must be 1 (or leave frames unlinked).",
+        ("f", "frames"): "num_frames=9 is not allowed: shapes-flux makes still images, use 1.",
     }
 
 
 def test_an_unknown_model_is_named_with_the_loaded_ones():
     found = problems([PROMPT, SAMPLER, node("m", "model", name="sdxl")],
                      [TO_SAMPLER, link("m", "model", "s", "model")], limits=TWO_MODELS)
-    assert found == [("m", "name", "'sdxl' is not a loaded model; loaded: shapes-flux, shapes-wan.")]
+    assert found == [("m", "name", "model='sdxl' is not loaded here; the loaded models are: shapes-flux, shapes-wan.")]
 
 
 # ---------------------------------------------------------------------------- the format
@@ -406,7 +410,7 @@ def test_a_model_that_names_its_sizes_refuses_the_others():
     limits = WorkflowLimits((ModelLimits(max_size=128, size_multiple=16, sizes=((64, 64),)),))
     found = problems([PROMPT, SAMPLER, node("z", "size", width=32, height=32)],
                      [TO_SAMPLER, link("z", "size", "s", "size")], limits=limits)
-    assert found == [("z", "width", "32x32 is not a size this model makes: allowed is 64x64.")]
+    assert found == [("z", "width", "width=32, height=32 is not a size default makes: allowed is 64x64.")]
     swept = problems([PROMPT, SAMPLER, node("w", "sweep", param="size", values="64x64, 128x64")],
                      [TO_SAMPLER, link("w", "values", "s", "size")], limits=limits)
-    assert swept == [("w", "values", "128x64 is not a size this model makes: allowed is 64x64.")]
+    assert swept == [("w", "values", "width=128, height=64 is not a size default makes: allowed is 64x64.")]

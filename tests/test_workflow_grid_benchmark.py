@@ -1,6 +1,6 @@
 """A smoke run of the X/Y grid benchmark on a tiny random FLUX checkpoint: the three systems run
 the same cells end to end and every figure comes from what was measured (the full run stays
-out of CI; its results are in the README)."""
+out of CI; its results are in docs/benchmarks.md)."""
 
 from __future__ import annotations
 

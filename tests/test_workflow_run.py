@@ -68,7 +68,7 @@ def drive(run: WorkflowRun, engine: Engine, start_after_first_view: bool = True,
 @pytest.fixture
 def toy():
     pipeline = ToyPipeline()
-    engine = Engine(pipeline, max_batch=8, limits=ServingLimits(max_per_session=16))
+    engine = Engine(pipeline, max_batch_requests=8, limits=ServingLimits(max_per_session=16))
     yield pipeline, engine
     engine.close()
 
@@ -116,7 +116,7 @@ def test_the_grid_fills_in_with_every_branch_image(toy):
 
 def test_a_run_larger_than_the_session_limit_queues_its_own_branches():
     pipeline = ToyPipeline()
-    engine = Engine(pipeline, max_batch=8, limits=ServingLimits(max_per_session=2))
+    engine = Engine(pipeline, max_batch_requests=8, limits=ServingLimits(max_per_session=2))
     try:
         run = WorkflowRun(engine, compiled(seed_by_guidance(seeds=(1, 2, 3), guidance="1, 2")), session_id="tab")
         views = drive(run, engine)
@@ -140,7 +140,7 @@ def metric(engine: Engine, name: str, **labels) -> float:
 
 def test_branches_waiting_for_room_are_counted_as_waiting_not_as_rejected_requests():
     pipeline = ToyPipeline()
-    engine = Engine(pipeline, max_batch=8, limits=ServingLimits(max_per_session=8))
+    engine = Engine(pipeline, max_batch_requests=8, limits=ServingLimits(max_per_session=8))
     seen = []  # (the run's waiting branches, the engine's gauge) at every view
 
     def look(view):
@@ -169,7 +169,7 @@ def run_acting_at_forward(index: int, action):
     (0-based), so it lands at an exact step boundary. Returns (pipeline, run, views)."""
     holder = {}
     pipeline = ToyPipeline(on_forward=lambda i, batch: action(holder["run"]) if i == index else None)
-    engine = Engine(pipeline, max_batch=8, limits=ServingLimits(max_per_session=16))
+    engine = Engine(pipeline, max_batch_requests=8, limits=ServingLimits(max_per_session=16))
     try:
         run = holder["run"] = WorkflowRun(engine, compiled(seed_by_guidance()), session_id="tab")
         views = drive(run, engine)
@@ -199,7 +199,7 @@ def test_one_branch_can_be_cancelled_alone():
 
 def test_a_failing_branch_fails_alone_and_marks_its_nodes():
     pipeline = ToyPipeline()
-    engine = Engine(pipeline, max_batch=8, limits=ServingLimits(max_per_session=16))
+    engine = Engine(pipeline, max_batch_requests=8, limits=ServingLimits(max_per_session=16))
     source = seed_by_guidance()
     source["nodes"][0] = {"id": "p", "type": "prompt_list", "values": {"prompts": "fine\nbroken [fail:step_scheduler]"}}
     try:

@@ -161,13 +161,6 @@ def evaluate_images(pairs: list[tuple[str, Image.Image]]) -> dict[str, float]:
     return {attribute: hits[attribute] / len(pairs) for attribute in ATTRIBUTES}
 
 
-def markdown_table(scores: dict[str, float], label: str) -> str:
-    header = "| run | " + " | ".join(ATTRIBUTES) + " |"
-    rule = "|---|" + "---|" * len(ATTRIBUTES)
-    row = f"| {label} | " + " | ".join(f"{scores[a]:.2f}" for a in ATTRIBUTES) + " |"
-    return "\n".join([header, rule, row])
-
-
 def load_serving_defaults(model_dir: Path) -> dict:
     path = model_dir / "stepstudio.json"
     if not path.is_file():

@@ -27,7 +27,7 @@ def engine_images(model: Path, prompts: list[str], seed: int, max_batch: int = 8
     from pipelines.loader import load_pipeline
 
     limits = ServingLimits(max_queue=len(prompts) + 1, max_per_session=len(prompts) + 1)
-    engine = Engine(load_pipeline(str(model)), mode="step", max_batch=max_batch, limits=limits).start()
+    engine = Engine(load_pipeline(str(model)), mode="step", max_batch_requests=max_batch, limits=limits).start()
     try:
         handles = [engine.submit(GenerationParams(prompt=p, seed=seed + i), session_id="eval") for i, p in enumerate(prompts)]
         finals = [h.result(timeout=600) for h in handles]

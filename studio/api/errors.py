@@ -8,15 +8,12 @@ exception handlers of ours.
 
 from __future__ import annotations
 
-import re
-
 import pydantic
 from fastapi.responses import JSONResponse
 
 import engine
+from pipelines.errors import ParamError
 
-# GenerationParams and pipeline messages start with the field they are about ("width=63 ...").
-_FIELD_AT_START = re.compile(r"^(\w+)\b")
 # Request fields the API exposes under another name.
 _API_FIELD_OF = {"width": "size", "height": "size"}
 
@@ -71,10 +68,9 @@ def from_validation_error(error: pydantic.ValidationError) -> ApiError:
 
 
 def from_engine_value_error(error: ValueError) -> ApiError:
-    """Engine and pipeline checks (model limits, server caps) name the field first."""
+    """Engine and pipeline checks (model limits, server caps) raise a ParamError naming its field."""
     message = str(error)
-    match = _FIELD_AT_START.match(message)
-    field = match.group(1) if match else None
+    field = error.field if isinstance(error, ParamError) else None
     known = field in _API_FIELD_OF or field in {
         "prompt", "negative_prompt", "num_inference_steps", "guidance_scale", "seed", "num_frames"
     }

@@ -4,38 +4,35 @@
 Hidden components carry the endpoints' inputs and outputs, with no range clamping: the engine
 validates, so API callers get the engine's own messages. Finished images are saved like the
 page's (studio.outputs), under the caller's session.
+
+Each request is followed with studio.tracker (its status dict is the tracker's `Status.as_dict()`);
+previews and results are encoded in a worker thread, never on the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import tempfile
-import time
-from pathlib import Path
+from typing import AsyncIterator
 
 import gradio as gr
 
-from engine import Completed, Engine, Failed, Progress
-from studio.bridge import (
-    RANDOM_SEED,
-    FormValues,
-    cancel_own_request,
-    final_media,
-    follow_request,
-    preview_image,
-    remove_files_older_than,
-    session_id_of,
-    user_error,
-)
+from engine import EngineClient
 from studio.config import StudioOptions
-from studio.media import animated_gif, model_fps
+from studio.form import RANDOM_SEED, FormValues
+from studio.media import animated_gif, final_media, model_fps, preview_image
 from studio.outputs import OutputStore, save_quietly
-from studio.page.queue_view import snapshot_as_dict
+from studio.queue_snapshot import snapshot_as_dict
+from studio.server.temp_files import TempFolder
+from studio.sessions import cancel_own_request, session_id_of
+from studio.tracker import COMPLETED, FAILED, RequestTracker, Status
+from studio.user_errors import engine_errors_as_gradio, user_error
 
-PREVIEW_DIR = Path(tempfile.gettempdir()) / "stepstudio-previews"
+# A video's preview GIFs: Gradio copies each into its cache, so ours can go after 10 minutes.
+PREVIEWS = TempFolder("stepstudio-previews", ttl_s=600)
 
 
-def wire_api_endpoints(engine: Engine, config: StudioOptions, store: OutputStore) -> None:
+def wire_api_endpoints(engine: EngineClient, config: StudioOptions, store: OutputStore) -> None:
     image_models = [name for name, info in engine.infos.items() if info.output_kind == "image"]
     video_models = [name for name, info in engine.infos.items() if info.output_kind == "video"]
     if image_models:
@@ -45,7 +42,7 @@ def wire_api_endpoints(engine: Engine, config: StudioOptions, store: OutputStore
     _wire_cancel_and_queue(engine, config)
 
 
-def _wire_generate(engine: Engine, config: StudioOptions, store: OutputStore, example_model: str, kind: str) -> None:
+def _wire_generate(engine: EngineClient, config: StudioOptions, store: OutputStore, example_model: str, kind: str) -> None:
     """`/generate` (image models) or `/generate_video` (video models): stream (status, preview, media)."""
     defaults = engine.infos[example_model].defaults
     default_model = "" if example_model == engine.models.default else example_model
@@ -77,19 +74,22 @@ def _wire_generate(engine: Engine, config: StudioOptions, store: OutputStore, ex
         session = session_id_of(request)
         form = FormValues(prompt, negative_prompt, width, height, steps, guidance_scale, seed, model, num_frames)
         updates = follow_request(engine, form, session, config.preview_every, makes=kind)
+        shown_preview = None
         async with contextlib.aclosing(updates):
-            async for update in updates:
-                event = update.event
-                # Every streamed tuple is (status, preview or None, media or None).
-                outputs: dict = {status: update.status.as_dict(), preview: None, media: None}
-                if isinstance(event, Progress) and event.preview is not None:
-                    outputs[preview] = _preview(event.preview, config, update.status.request_id)
-                elif isinstance(event, Completed):
-                    outputs[media] = final_media(event, fps=model_fps(engine.infos[event.params.model]))
-                    await save_quietly(store, event, store.owners.of_caller(session))
+            async for now in updates:
+                # Every streamed tuple is (status, preview or None, media or None): a preview once
+                # when a new one came, the image or video once when it is done.
+                outputs: dict = {status: _status_dict(now), preview: None, media: None}
+                if now.preview is not None and now.preview is not shown_preview:
+                    shown_preview = now.preview
+                    outputs[preview] = await asyncio.to_thread(_preview, now.preview, config, now.request_id)
+                elif now.result is not None:
+                    fps = model_fps(engine.infos[now.result.params.model])
+                    outputs[media] = await asyncio.to_thread(final_media, now.result, fps)
+                    await save_quietly(store, now.result, store.owners.of_caller(session))
                 yield outputs
-                if isinstance(event, Failed):
-                    raise user_error(event.message, "Generation failed")
+                if now.state == FAILED:
+                    raise user_error(now.message, "Generation failed")
 
     generate.__doc__ = (
         f"Generate one {kind}{' (frames: num_frames, 4k+1 for most video models)' if kind == 'video' else ''}: "
@@ -101,18 +101,48 @@ def _wire_generate(engine: Engine, config: StudioOptions, store: OutputStore, ex
                   preprocess=False)
 
 
+def _status_dict(status: Status) -> dict:
+    """/generate's status: the tracker's fields, with "done" as a finished request's message."""
+    shown = status.as_dict()
+    if status.state == COMPLETED:
+        shown["message"] = "done"
+    return shown
+
+
+async def follow_request(engine: EngineClient, form: FormValues, session_id: str, preview_every: int,
+                         makes: str | None = None) -> AsyncIterator[Status]:
+    """Submit one request and yield its status as submitted, then after each engine event until
+    it ends. `makes`: "image" or "video", when the caller can only take that kind (the model
+    must make it).
+
+    Gradio stops a handler by cancelling its task or closing its generator (a client's
+    `job.cancel()`, a closed tab, an error); the tracker then cancels the request. The Cancel
+    button and `/cancel` ask the engine instead: the stream ends with an aborted status."""
+    with engine_errors_as_gradio():
+        params = form.to_params(preview_every, engine)
+        kind = engine.infos[params.model].output_kind
+        if makes is not None and kind != makes:
+            other = "/generate_video" if kind == "video" else "/generate"
+            raise ValueError(f"model={params.model!r} makes {kind}s, not {makes}s: use {other} for it.")
+        tracker = RequestTracker(engine.submit(params, session_id=session_id))
+    async with contextlib.aclosing(tracker.updates()) as updates:  # closing it early cancels the request
+        async for status, _ in updates:
+            yield status
+            if status.is_shutdown:
+                raise user_error(f"The server is shutting down: {status.message}. Try again once it is back.",
+                                 "Server shutting down")
+
+
 def _preview(preview, config: StudioOptions, request_id: str):
     """An image's preview as a small image; a video's as a looping GIF file (one per request, rewritten)."""
     if not isinstance(preview, (list, tuple)):
         return preview_image(preview, config.preview_max_px)
-    PREVIEW_DIR.mkdir(exist_ok=True)
-    path = PREVIEW_DIR / f"{request_id}-{time.monotonic_ns()}.gif"
+    path = PREVIEWS.new_file(".gif", prefix=f"{request_id}-")
     path.write_bytes(animated_gif(preview, 8, config.preview_max_px))
-    remove_files_older_than(PREVIEW_DIR, 600)
     return str(path)
 
 
-def _wire_cancel_and_queue(engine: Engine, config: StudioOptions) -> None:
+def _wire_cancel_and_queue(engine: EngineClient, config: StudioOptions) -> None:
     def cancel(request_id: str, request: gr.Request) -> dict:
         """Cancel one of YOUR requests by its request_id (from /generate's status); it stops at
         the next step boundary. Other sessions' requests can't be cancelled."""

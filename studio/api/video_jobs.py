@@ -1,9 +1,9 @@
 """Video jobs of the HTTP API (`/v1/videos`): in memory, per caller, bounded, expiring.
 
 A job is one engine request plus what its caller may download once it finished. Its status
-and progress are read from the request's own events (`RequestHandle.history`, written by the
-engine thread as each step ends), so `retrieve` always tells the step the engine is at; the
-job's files and its end time are written once, when it finishes.
+and progress are the request's tracker status now (studio.tracker `status_of`, from the events
+the engine thread has emitted as each step ended), so `retrieve` always tells the step the
+engine is at; the job's files and its end time are written once, when it finishes.
 
 The store is bounded three ways, so no caller can crowd the others out:
 - per caller: at most `max_jobs_per_owner` jobs; a new one pushes out that caller's oldest
@@ -20,11 +20,12 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Literal
 
-from engine import Aborted, Completed, Failed, Progress, RequestHandle, Started
+from engine import RequestHandle
 from studio.api.video_files import VideoFiles
+from studio.tracker import ABORTED, COMPLETED, FAILED, RUNNING, RequestTracker, status_of
 
 JobStatus = Literal["queued", "in_progress", "completed", "failed"]
 
@@ -47,10 +48,14 @@ class VideoJob:
     handle: RequestHandle
     fps: int
     created_at: float  # unix seconds
+    tracker: RequestTracker = field(init=False, repr=False)  # follows the request; its cancel is the job's
     # --- written once, by the store's finish(), when the job ends ---
     files: VideoFiles | None = None
     error: VideoError | None = None
     finished_at: float | None = None
+
+    def __post_init__(self) -> None:
+        self.tracker = RequestTracker(self.handle)
 
     @property
     def params(self):
@@ -67,7 +72,7 @@ class VideoJob:
         if self.failure is not None:
             return "failed"
         # Completed but not encoded yet is still in progress: nothing can be downloaded before.
-        if isinstance(self.handle.last_event, (Started, Progress, Completed)):
+        if status_of(self.handle).state in (RUNNING, COMPLETED):
             return "in_progress"
         return "queued"
 
@@ -77,11 +82,11 @@ class VideoJob:
         follower has written it down)."""
         if self.error is not None:
             return self.error
-        event = self.handle.last_event
-        if isinstance(event, Failed):
-            return VideoError("engine_failed" if event.stage == "engine" else "generation_failed", event.message)
-        if isinstance(event, Aborted):
-            return VideoError("shutting_down" if event.cause == "shutdown" else "cancelled", event.reason)
+        now = status_of(self.handle)
+        if now.state == FAILED:
+            return VideoError("engine_failed" if now.is_engine_failure else "generation_failed", now.message)
+        if now.state == ABORTED:
+            return VideoError("shutting_down" if now.is_shutdown else "cancelled", now.message)
         return None
 
     @property
@@ -89,12 +94,8 @@ class VideoJob:
         """0-100 from the engine's denoise steps; 100 only once the video can be downloaded."""
         if self.files is not None:
             return 100
-        step, total = 0, 0
-        for event in reversed(self.handle.history):
-            if isinstance(event, Progress):
-                step, total = event.step, event.total
-                break
-        return min(99, 100 * step // total) if total else 0
+        now = status_of(self.handle)
+        return min(99, 100 * now.step // now.total) if now.total else 0
 
 
 class VideoJobStore:

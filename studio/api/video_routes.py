@@ -18,9 +18,10 @@ seconds x the model's fps frames, rounded to the nearest frame count the model t
 was made: `seconds` is frames / fps, plus `num_frames` and `fps`.
 
 A job is one engine request of the caller's session (the images route's identity), so it
-shares forwards with everyone else's requests and counts against the caller's limits. Jobs and
-their files live in memory (studio.api.video_jobs); finished videos are also saved by the studio's
-output store when it has one.
+shares forwards with everyone else's requests and counts against the caller's limits; a
+studio.tracker `RequestTracker` follows it to its end. Jobs and their files live in memory
+(studio.api.video_jobs); finished videos are also saved by the studio's output store when it
+has one.
 """
 
 from __future__ import annotations
@@ -43,18 +44,14 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 import engine
 from pipelines.params import MAX_PROMPT_CHARS, MAX_SEED
 from studio.api import errors as http_errors
+from studio.api.config import HttpApiConfig
 from studio.api.errors import ApiError
-from studio.api.http_routes import (
-    HttpApiConfig,
-    _final_event,
-    _parse_size,
-    _read_body_in_time,
-    resolve_model,
-)
+from studio.api.request_bodies import is_json_media, parse_size, read_body_in_time, resolve_model
 from studio.api.video_files import MEDIA_TYPES, SUFFIXES, VARIANTS, encode_video_files
 from studio.api.video_jobs import VideoError, VideoJob, VideoJobStore, VideoStoreFull
 from studio.media import model_fps
 from studio.outputs import OutputStore, save_quietly
+from studio.tracker import ABORTED, COMPLETED
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +83,7 @@ Caller = Callable[[Request], Awaitable[str]]
 
 
 def add_video_routes(
-    router: fastapi.APIRouter, engine_: engine.Engine, config: HttpApiConfig, caller: Caller,
+    router: fastapi.APIRouter, engine_: engine.EngineClient, config: HttpApiConfig, caller: Caller,
     outputs: OutputStore | None = None,
 ) -> None:
     """Add the /v1/videos routes to the HTTP API's router. `caller` names the engine session of a
@@ -157,16 +154,16 @@ def add_video_routes(
                 raise _unknown_video(video_id, store)
         except ApiError as error:
             return error.to_response()
-        job.handle.cancel()  # at the next step boundary; a no-op once the request ended
+        job.tracker.cancel()  # at the next step boundary; a no-op once the request ended
         return JSONResponse({"id": job.id, "object": "video.deleted", "deleted": True})
 
 
 # ---------------------------------------------------------------------- create
 async def _create_job(
-    engine_: engine.Engine, config: HttpApiConfig, store: VideoJobStore, request: Request,
+    engine_: engine.EngineClient, config: HttpApiConfig, store: VideoJobStore, request: Request,
     kind: Literal["form", "json"], session: str,
 ) -> VideoJob:
-    body = await _read_body_in_time(request, config)
+    body = await read_body_in_time(request, config)
     try:
         if kind == "json":
             ask = VideoCreateRequest.model_validate_json(body)
@@ -181,7 +178,7 @@ async def _create_job(
     model = resolve_model(engine_, ask.model, "video", "/v1/videos")
     info = engine_.infos[model]
     fps = model_fps(info)
-    width, height = _parse_size(ask.size)
+    width, height = parse_size(ask.size)
     frames = _frames(ask, model, frame_step(info), fps, engine_.limits_for(model).max_frames)
     try:
         engine_.limits_for(model).check_values(ask.num_inference_steps, width, height)  # this server's ranges first
@@ -219,7 +216,7 @@ def _body_kind(request: Request) -> Literal["form", "json"]:
             raise ApiError(403, "a form posted from another web site is refused: send the request from a program "
                                 "(e.g. the openai client) or as JSON.", code="cross_site_request")
         return "form"
-    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+    if is_json_media(media):
         return "json"
     shown = repr(media[:100]) if media else "none"
     raise ApiError(415, f"Content-Type {shown} is not accepted: send multipart/form-data (as the openai client "
@@ -313,15 +310,15 @@ def _seconds_text(frames: int, fps: int) -> str:
 async def _follow(store: VideoJobStore, job: VideoJob, outputs: OutputStore | None) -> None:
     """Wait for the job's request to end; make its files (or note why it failed) and save it."""
     try:
-        final = await _final_event(job.handle)
-        if isinstance(final, engine.Completed):
-            files = await asyncio.to_thread(encode_video_files, final.images, job.fps)
+        final = await job.tracker.final()
+        if final.state == COMPLETED:
+            files = await asyncio.to_thread(encode_video_files, final.result.images, job.fps)
             if store.get(job.id, job.owner) is job:  # not deleted meanwhile
                 # Saved before it shows as completed; filed under the caller's session, as the
                 # gradio endpoints file API callers' results.
-                await save_quietly(outputs, final, outputs.owners.of_caller(job.owner) if outputs else "")
+                await save_quietly(outputs, final.result, outputs.owners.of_caller(job.owner) if outputs else "")
             store.finish(job, files=files)
-        elif isinstance(final, engine.Aborted) and final.cause == "cancelled":
+        elif final.state == ABORTED and not final.is_shutdown:
             pass  # deleted by its caller: the job is gone already
         else:
             store.finish(job, error=job.failure)

@@ -161,10 +161,10 @@ def render_graph(snapshot: EngineSnapshot, infos: PipelineInfo | dict[str, Pipel
     widest = max(len(info.stages) for _, info in rows)
     width = 2 * MARGIN + widest * NODE_W + max(widest - 1, 0) * GAP
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {row_h * len(rows)}" role="img" '
-        f'aria-label="pipeline graph">',
-        '<defs><marker id="ss-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
-        'orient="auto"><path d="M0,0 L10,5 L0,10 z"/></marker></defs>',
+        (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {row_h * len(rows)}" role="img" '
+         f'aria-label="pipeline graph">'),
+        ('<defs><marker id="ss-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
+         'orient="auto"><path d="M0,0 L10,5 L0,10 z"/></marker></defs>'),
     ]
     for index, (model, info) in enumerate(rows):
         top = index * row_h

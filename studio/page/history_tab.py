@@ -16,8 +16,7 @@ from pathlib import Path
 import gradio as gr
 from PIL import Image
 
-from engine import Engine
-from studio.bridge import user_error
+from engine import EngineClient
 from studio.outputs import (
     OutputStore,
     SavedOutput,
@@ -27,6 +26,7 @@ from studio.outputs import (
 )
 from studio.page.simple_tab import GUIDANCE_RANGE, ModelForm, SimpleForm
 from studio.server.history_owners import is_legacy_token, legacy_owner_key
+from studio.user_errors import user_error
 from studio.workflows.format import WorkflowError, parse_workflow
 
 SHOWN = 60  # newest results shown
@@ -48,7 +48,7 @@ def _within(value, lowest, highest):
     return min(max(value, lowest), highest)
 
 
-def settings_update(settings: dict, engine: Engine) -> list:
+def settings_update(settings: dict, engine: EngineClient) -> list:
     """Form values for SimpleForm.settings_outputs(), from saved settings (missing ones: the
     model's defaults; a model no longer loaded: the default model)."""
     model = settings.get("model") if settings.get("model") in engine.models.names else engine.models.default
@@ -113,7 +113,7 @@ def _thumbnail(item: SavedOutput) -> Image.Image:
         return image.convert("RGB")
 
 
-def wire_history_tab(engine: Engine, store: OutputStore, tab: HistoryTab, page: gr.Tab,
+def wire_history_tab(engine: EngineClient, store: OutputStore, tab: HistoryTab, page: gr.Tab,
                      browser_token: gr.BrowserState, form: SimpleForm, editor: gr.HTML, tabs: gr.Tabs,
                      demo: gr.Blocks) -> None:
     """`page` is the tab that holds it: opening it lists what was made since the last listing."""

@@ -1,4 +1,5 @@
-"""The live queue view: every request the engine holds, as an HTML table and as JSON.
+"""The live queue view: every request the engine holds, as an HTML table (the same requests as
+JSON for `/queue`: studio.queue_snapshot).
 
 Pure functions of an `EngineSnapshot` and the viewer's session id. Another session's
 prompt is shown only when the studio runs with `--show-prompts`, and session ids never
@@ -11,9 +12,7 @@ import html
 import time
 
 from engine import EngineSnapshot, RequestView
-
-SHORT_ID_LEN = 8
-HIDDEN_PROMPT = "(hidden)"
+from studio.queue_snapshot import short_id, visible_prompt
 
 QUEUE_CSS = """
 .ss-queue table { width: 100%; border-collapse: collapse; font-size: 0.85rem; }
@@ -39,10 +38,6 @@ def format_step_time(seconds: float | None) -> str:
     return f"{seconds:.2f} s"
 
 
-def short_id(request_id: str) -> str:
-    return request_id[:SHORT_ID_LEN]
-
-
 def format_seconds(seconds: float | None) -> str:
     if seconds is None:
         return "–"
@@ -50,57 +45,8 @@ def format_seconds(seconds: float | None) -> str:
         return f"{seconds:.1f} s"
     if seconds < 60:
         return f"{seconds:.0f} s"
-    minutes, rest = divmod(int(round(seconds)), 60)
+    minutes, rest = divmod(round(seconds), 60)
     return f"{minutes} m {rest:02d} s"
-
-
-def visible_prompt(view: RequestView, viewer_session: str | None, show_prompts: bool) -> str:
-    if show_prompts or view.session_id == viewer_session:
-        return view.prompt
-    return HIDDEN_PROMPT
-
-
-def request_as_dict(view: RequestView, viewer_session: str | None, show_prompts: bool, now: float) -> dict:
-    """One request for the /queue API (no session ids)."""
-    return {
-        "request_id": view.request_id if view.session_id == viewer_session else short_id(view.request_id),
-        "mine": view.session_id == viewer_session,
-        "model": view.model,
-        "prompt": visible_prompt(view, viewer_session, show_prompts),
-        "state": view.state,
-        "step": view.step,
-        "total": view.total,
-        "position": view.position,
-        "waited_s": round(view.waited_s(now), 3),
-        "eta_s": None if view.eta_s is None else round(view.eta_s, 3),
-        "batch_mates": [short_id(mate) for mate in view.batch_mates],
-    }
-
-
-def snapshot_as_dict(
-    snapshot: EngineSnapshot, viewer_session: str | None, show_prompts: bool, now: float | None = None
-) -> dict:
-    """The whole snapshot for the /queue API: requests plus engine figures."""
-    stats = snapshot.stats
-    now = time.perf_counter() if now is None else now
-    return {
-        "requests": [request_as_dict(v, viewer_session, show_prompts, now) for v in snapshot.requests],
-        "engine": {
-            "mode": stats.mode,
-            "max_batch_requests": stats.max_batch_requests,  # requests per forward (a CFG request has 2 rows)
-            "max_batch": stats.max_batch_requests,  # the old name
-            "current_batch_size": stats.current_batch_size,
-            "steps_per_s": round(stats.steps_per_s, 3),
-            "forwards": stats.forwards,
-            "forwards_by_batch_size": {str(k): v for k, v in sorted(stats.forwards_by_batch_size.items())},
-            "finished": dict(stats.finished),
-            "stages": {
-                "encode_s": stats.stages.encode_s,
-                "denoise_step_s": stats.stages.denoise_step_s,
-                "decode_s": stats.stages.decode_s,
-            },
-        },
-    }
 
 
 def _progress_cell(view: RequestView) -> str:

@@ -12,6 +12,7 @@ request; results go to the tab's gallery, newest first, and are saved (studio.ou
 
 from __future__ import annotations
 
+import asyncio
 import html
 import random
 from dataclasses import dataclass
@@ -19,17 +20,16 @@ from typing import Any
 
 import gradio as gr
 
-from engine import Engine
+from engine import EngineClient
 from pipelines.params import MIN_SIZE
-from studio.bridge import (
+from studio.config import StudioOptions
+from studio.media import (
+    animated_gif,
+    data_url,
     final_media,
     preview_image,
-    session_id_of,
     settings_caption,
-    user_error,
 )
-from studio.config import StudioOptions
-from studio.media import animated_gif, data_url
 from studio.page.tab_queue import (
     CANCEL_JS,
     TabResults,
@@ -37,7 +37,10 @@ from studio.page.tab_queue import (
     render_tab_queue,
 )
 from studio.page.workflow_tab import WorkflowRunner, cancel_from_page
-from studio.workflows.format import WorkflowError
+from studio.sessions import session_id_of
+from studio.user_errors import user_error
+from studio.workflows.format import WorkflowError, link_json
+from studio.workflows.nodes import NODE_TYPES
 
 MAX_BATCH_COUNT = 16
 _SEED_RANGE = 2**32
@@ -83,36 +86,26 @@ class SimplePanel:
 
 
 def form_workflow(values: dict[str, Any], uses_negative_prompt: bool, seed_start: int) -> dict:
-    """The form as a workflow: its fields as value nodes, `batch count` as a seed batch."""
-    def node(node_id: str, node_type: str, **node_values) -> dict:
-        return {"id": node_id, "type": node_type, "values": node_values}
-
-    def link(source: str, port: str) -> dict:
-        return {"from": {"node": source, "port": port}, "to": {"node": "sampler", "port": port}}
-
-    nodes = [
-        node("prompt", "prompt", text=values["prompt"] if isinstance(values["prompt"], str) else ""),
-        node("seed", "seed_batch", start=seed_start, count=values["batch_count"]),
-        node("size", "size", width=values["width"], height=values["height"]),
-        node("steps", "steps", steps=values["steps"]),
-        node("guidance", "guidance", scale=values["guidance_scale"]),
-        node("sampler", "sampler"),
+    """The form as a workflow: its fields as value nodes, `batch count` as a seed batch, each linked to
+    the sampler's input of its port type. Node ids are the form's field names (FORM_NODES)."""
+    fields = [
+        ("prompt", "prompt", {"text": values["prompt"] if isinstance(values["prompt"], str) else ""}),
+        ("seed", "seed_batch", {"start": seed_start, "count": values["batch_count"]}),
+        ("size", "size", {"width": values["width"], "height": values["height"]}),
+        ("steps", "steps", {"steps": values["steps"]}),
+        ("guidance", "guidance", {"scale": values["guidance_scale"]}),
+        ("model", "model", {"name": values.get("model") or ""}),
     ]
-    links = [link("prompt", "prompt"), link("seed", "seed"), link("size", "size"), link("steps", "steps"),
-             link("guidance", "guidance")]
-    nodes.append(node("model", "model", name=values.get("model") or ""))
-    links.append(link("model", "model"))
     if values.get("frames"):
-        nodes.append(node("frames", "frames", frames=values["frames"]))
-        links.append(link("frames", "frames"))
+        fields.append(("frames", "frames", {"frames": values["frames"]}))
     negative = values.get("negative_prompt")
     if uses_negative_prompt and isinstance(negative, str):
-        nodes.append(node("negative prompt", "negative_prompt", text=negative))
-        links.append(link("negative prompt", "negative_prompt"))
+        fields.append(("negative prompt", "negative_prompt", {"text": negative}))
     if values.get("scheduler"):
-        nodes.append(node("scheduler", "scheduler", name=values["scheduler"]))
-        links.append(link("scheduler", "scheduler"))
-    return {"version": 1, "nodes": nodes, "links": links}
+        fields.append(("scheduler", "scheduler", {"name": values["scheduler"]}))
+    nodes = [NODE_TYPES[node_type].node(node_id, **node_values) for node_id, node_type, node_values in fields]
+    links = [link_json(node_id, NODE_TYPES[node_type].outputs[0].name, "sampler") for node_id, node_type, _ in fields]
+    return {"version": 1, "nodes": [*nodes, NODE_TYPES["sampler"].node("sampler")], "links": links}
 
 
 def form_problems(error: WorkflowError) -> str:
@@ -164,7 +157,7 @@ class ModelForm:
         return wanted if wanted in self.sizes else self.sizes[0]
 
     @classmethod
-    def of(cls, engine: Engine, model: str | None) -> "ModelForm":
+    def of(cls, engine: EngineClient, model: str | None) -> ModelForm:
         info, limits = engine.infos[engine.models.resolve(model)], engine.limits_for(model)
         defaults = info.defaults
         step = max(info.size_multiple, 1)
@@ -199,7 +192,7 @@ class ModelForm:
         ]
 
 
-def build_simple_tab(engine: Engine, config: StudioOptions) -> tuple[SimpleForm, SimplePanel]:
+def build_simple_tab(engine: EngineClient, config: StudioOptions) -> tuple[SimpleForm, SimplePanel]:
     look = ModelForm.of(engine, None)
     with gr.Row():
         with gr.Column(scale=2):
@@ -260,7 +253,7 @@ def build_simple_tab(engine: Engine, config: StudioOptions) -> tuple[SimpleForm,
     return form, SimplePanel(queue, preview, animation, image, video, gallery)
 
 
-def unknown_words_text(engine: Engine, model: str | None, prompt: str) -> str:
+def unknown_words_text(engine: EngineClient, model: str | None, prompt: str) -> str:
     """'The model does not know: ...' when the pipeline can tell which prompt words it never learned."""
     finder = getattr(engine.models[model or None], "unknown_words", None)
     if finder is None or not prompt or not prompt.strip():
@@ -273,24 +266,46 @@ def unknown_words_text(engine: Engine, model: str | None, prompt: str) -> str:
 
 
 # ---------------------------------------------------------------------------- wiring
+_NOTHING = object()
+
+
+def is_new(sent: dict, key: str, value) -> bool:
+    """Whether `value` is not what was sent last under `key` (and remember it). By identity: the
+    same picture objects come back from update to update until something changes; a tuple is
+    compared item by item."""
+    last = sent.get(key, _NOTHING)
+    sent[key] = value
+    if isinstance(value, tuple) and isinstance(last, tuple):
+        return len(value) != len(last) or any(a is not b for a, b in zip(value, last))
+    return last is not value
+
+
 def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleForm, panel: SimplePanel,
                     browser_token: gr.BrowserState, live) -> None:
-    """`live`: the page's LiveViews (its `render(session)` and `components`), redrawn with every update."""
+    """`live`: the page's LiveViews (its `render(session)` and `components`), redrawn with the updates
+    (at most once per refresh period, and in a run's last one)."""
     engine, config = runner.engine, runner.config
 
-    def tab_outputs(session: str) -> dict:
+    def tab_outputs(session: str, sent: dict | None = None, final: bool = True) -> dict:
+        """The tab's queue rows, live views, preview and results. `sent`: what this update's stream
+        sent before (updated here); a preview, result or gallery it already sent is left out, so
+        each picture is encoded and sent once. `final`: the last update of a run, or a click (the
+        live views then come at once, not at their refresh pace). Encodes: call it in a worker thread."""
+        sent = {} if sent is None else sent
         runs = runner.registry.runs_of(session)
         previewing = latest_preview(runs)
         preview = None if previewing is None else previewing.preview
         finished = results.of(session)
-        outputs = {panel.queue: render_tab_queue(runs), panel.gallery: [item for item in finished],
-                   **live.render(session)}
-        if isinstance(preview, (list, tuple)) and preview:  # a video's frames, looping
-            url = data_url(animated_gif(preview, runner.fps_of(previewing.params), config.preview_max_px), "image/gif")
-            outputs[panel.animation] = f'<img class="ss-animation" src="{url}" alt="live preview">'
-        elif preview is not None:
-            outputs[panel.preview] = preview_image(preview, config.preview_max_px)
-        if finished:
+        outputs = {panel.queue: render_tab_queue(runs), **live.render(session, final=final)}
+        if is_new(sent, "gallery", tuple(part for item in finished for part in item)):
+            outputs[panel.gallery] = finished
+        if preview is not None and is_new(sent, "preview", preview):
+            if isinstance(preview, (list, tuple)) and preview:  # a video's frames, looping
+                gif = animated_gif(preview, runner.fps_of(previewing.params), config.preview_max_px)
+                outputs[panel.animation] = f'<img class="ss-animation" src="{data_url(gif, "image/gif")}" alt="live preview">'
+            elif not isinstance(preview, (list, tuple)):
+                outputs[panel.preview] = preview_image(preview, config.preview_max_px)
+        if finished and is_new(sent, "newest", finished[0][0]):
             newest = finished[0][0]
             outputs[panel.video if isinstance(newest, str) else panel.image] = newest
         return outputs
@@ -305,18 +320,20 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
         if look.sizes and isinstance(raw["size"], str) and "x" in raw["size"]:  # the card's size, not the sliders
             raw["width"], raw["height"] = raw["size"].split("x", 1)
         try:
-            run, compiled = runner.start(form_workflow(raw, look.uses_negative_prompt, seed_start(raw)), session)
+            run, _ = runner.start(form_workflow(raw, look.uses_negative_prompt, seed_start(raw)), session)
         except WorkflowError as exc:
             raise user_error(form_problems(exc), "Request not accepted") from None
         recorded: set[int] = set()
+        sent: dict = {}
         first = True
         async for view in runner.follow(run, runner.owner_for(values[browser_token], session)):
             for branch in view.branches:
                 if branch.result is not None and branch.branch.index not in recorded:
                     recorded.add(branch.branch.index)
-                    media = final_media(branch.result, fps=runner.fps_of(branch.params))
+                    # A video's MP4 is encoded in a worker thread: the event loop keeps serving.
+                    media = await asyncio.to_thread(final_media, branch.result, fps=runner.fps_of(branch.params))
                     results.add(session, (run.sequence, branch.branch.index), media, settings_caption(branch.result))
-            outputs = tab_outputs(session)
+            outputs = await asyncio.to_thread(tab_outputs, session, sent, view.is_final)
             if first:
                 first = False
                 outputs[form.seed] = view.branches[0].params.seed  # written back, so it can be reused

@@ -13,14 +13,17 @@ browser's token and the tabs. The named API endpoints are wired here too
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
+import math
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import gradio as gr
 
-from engine import Engine
+from engine import EngineClient
 from studio.api.gradio_endpoints import wire_api_endpoints
-from studio.bridge import session_id_of
 from studio.config import StudioOptions
 from studio.media import model_fps, write_mp4
 from studio.outputs import OutputStore
@@ -28,13 +31,14 @@ from studio.page.graph_view import GRAPH_CSS, render_graph
 from studio.page.history_tab import build_history_tab, wire_history_tab
 from studio.page.queue_view import QUEUE_CSS, render_queue
 from studio.page.simple_tab import build_simple_tab, wire_simple_tab
-from studio.page.tab_queue import TAB_QUEUE_CSS, TabResults
+from studio.page.tab_queue import TAB_QUEUE_CSS, TABS_KEPT, TabResults
 from studio.page.workflow_tab import (
     WorkflowRunner,
     build_workflow_tab,
     wire_workflow_api,
     wire_workflow_tab,
 )
+from studio.sessions import session_id_of
 from studio.workflows.registry import RunRegistry
 
 BROWSER_STORAGE_KEY = "stepstudio-browser"
@@ -47,25 +51,90 @@ STUDIO_CSS = QUEUE_CSS + GRAPH_CSS + TAB_QUEUE_CSS + """
 """
 
 
+RESEND_S = 5.0  # the timer sends a tab its views again this often even unchanged (heals a reordered update)
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What a tab was last sent of the live views, and when."""
+
+    queue: int  # hashes of the HTML sent
+    graph: int
+    streamed_at: float  # when a run's stream last sent them (-inf: never)
+    resent_at: float  # when the timer last sent both, changed or not
+
+
+class SentViews:
+    """What each tab was last sent of the live views. The oldest tabs are forgotten first; a
+    forgotten tab is simply sent everything again."""
+
+    def __init__(self, tabs: int = TABS_KEPT) -> None:
+        self._sent: OrderedDict[str, Sent] = OrderedDict()
+        self._tabs = tabs
+        self._lock = threading.Lock()
+
+    def get(self, session: str) -> Sent | None:
+        with self._lock:
+            return self._sent.get(session)
+
+    def put(self, session: str, sent: Sent) -> None:
+        with self._lock:
+            self._sent[session] = sent
+            self._sent.move_to_end(session)
+            while len(self._sent) > self._tabs:
+                self._sent.popitem(last=False)
+
+    def forget(self, session: str) -> None:
+        with self._lock:
+            self._sent.pop(session, None)
+
+
 @dataclass(frozen=True)
 class LiveViews:
     """The pipeline graph and the queue table. Both come from one engine snapshot: on the timer,
-    and in every update of a tab's own requests, so the tab's rows, the queue and the graph agree."""
+    and in the updates of a tab's own runs (at most once per refresh period, and always in a
+    run's last update), so the tab's rows, the queue and the graph agree. A view is sent only
+    when it changed; the timer leaves a tab alone while a run's stream is sending it the views."""
 
     timer: gr.Timer
     graph: gr.HTML
     queue: gr.HTML
-    engine: Engine
+    engine: EngineClient
     show_prompts: bool
+    refresh_s: float
+    sent: SentViews = field(default_factory=SentViews)
 
     @property
     def components(self) -> list:
         return [self.graph, self.queue]
 
-    def render(self, session: str) -> dict:
+    def render(self, session: str, final: bool = False) -> dict:
+        """For a run's stream: the views that changed, if a refresh period has passed since the
+        tab was last sent them by a stream or `final` (the run's last update)."""
+        queue, graph = self._render(session, from_stream=True, final=final)
+        return {component: html for component, html in ((self.queue, queue), (self.graph, graph)) if html is not None}
+
+    def refresh(self, session: str) -> dict:
+        """For the timer: both views, each a gr.skip() when it would change nothing."""
+        queue, graph = self._render(session, from_stream=False)
+        return {self.queue: gr.skip() if queue is None else queue, self.graph: gr.skip() if graph is None else graph}
+
+    def _render(self, session: str, from_stream: bool, final: bool = False) -> tuple[str | None, str | None]:
+        """(queue, graph) HTML to send, None for one to leave as it is."""
+        now = time.monotonic()
+        last = self.sent.get(session)
+        if last is not None and not final and now - last.streamed_at < self.refresh_s:
+            return None, None  # a run's stream sent them less than a refresh period ago
         snapshot = self.engine.snapshot()
-        return {self.queue: render_queues(snapshot, session, self.show_prompts),
-                self.graph: render_graph(snapshot, self.engine.infos, session)}
+        queue = render_queues(snapshot, session, self.show_prompts)
+        graph = render_graph(snapshot, self.engine.infos, session)
+        resend = last is None or (not from_stream and now - last.resent_at >= RESEND_S)
+        self.sent.put(session, Sent(
+            hash(queue), hash(graph),
+            streamed_at=now if from_stream else (last.streamed_at if last else -math.inf),
+            resent_at=now if resend and not from_stream else (last.resent_at if last else -math.inf)))
+        return (queue if resend or hash(queue) != last.queue else None,
+                graph if resend or hash(graph) != last.graph else None)
 
 
 def render_queues(snapshot, session: str, show_prompts: bool) -> str:
@@ -82,38 +151,38 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'s' * (count != 1)}"
 
 
-def _build_header(engine: Engine) -> None:
+def _build_header(engine: EngineClient) -> None:
     models = ", ".join(f"`{name}` ({info.family}, {info.output_kind}s)" for name, info in engine.infos.items())
     gr.Markdown(
         f"## stepstudio · {' + '.join(f'`{name}`' for name in engine.models.names)}\n"
         f"{_plural(len(engine.models.names), 'model')}: {models}. One shared engine in **{engine.mode}** mode "
-        f"(up to {_plural(engine.max_batch, 'request')} per forward): requests join a running batch at the "
+        f"(up to {_plural(engine.max_batch_requests, 'request')} per forward): requests join a running batch at the "
         "next denoise step."
     )
 
 
-def _build_live_views(engine: Engine, config: StudioOptions) -> LiveViews:
+def _build_live_views(engine: EngineClient, config: StudioOptions) -> LiveViews:
     with gr.Accordion("Pipeline and queue (live, all sessions)", open=True):
         graph = gr.HTML("", elem_id="ss-graph")
         queue = gr.HTML("", elem_id="ss-queue")
-    return LiveViews(gr.Timer(config.queue_refresh_s), graph, queue, engine, config.show_prompts)
+    return LiveViews(gr.Timer(config.queue_refresh_s), graph, queue, engine, config.show_prompts, config.queue_refresh_s)
 
 
 def _wire_live_views(views: LiveViews) -> None:
     def refresh(request: gr.Request) -> dict:
-        return views.render(session_id_of(request))
+        return views.refresh(session_id_of(request))
 
     views.timer.tick(refresh, outputs=views.components, queue=False, api_name="ui_refresh_views",
                      api_visibility="private", show_progress="hidden")
 
 
-def output_store(engine: Engine, config: StudioOptions) -> OutputStore:
+def output_store(engine: EngineClient, config: StudioOptions) -> OutputStore:
     folder = Path(config.outputs).expanduser() if config.outputs else None
     return OutputStore(folder, model=engine.info.name, fps=model_fps(engine.info), write_video=write_mp4,
                        fps_by_model={name: model_fps(info) for name, info in engine.infos.items()})
 
 
-def build_ui(engine: Engine, config: StudioOptions) -> gr.Blocks:
+def build_ui(engine: EngineClient, config: StudioOptions) -> gr.Blocks:
     """The whole page; every browser tab is its own session, all share `engine`."""
     store = output_store(engine, config)
     runner = WorkflowRunner(engine, config, RunRegistry(), store)
@@ -139,6 +208,7 @@ def build_ui(engine: Engine, config: StudioOptions) -> gr.Blocks:
 
         def forget_tab(request: gr.Request) -> None:
             results.forget(session_id_of(request))
+            views.sent.forget(session_id_of(request))
 
         demo.unload(forget_tab)
     return demo

@@ -4,28 +4,40 @@ The editor is a `gr.HTML` component: its value is the workflow JSON, kept curren
 browser code in `studio/page/web/node_editor.js` (drawflow, vendored in `assets/vendor/drawflow`).
 Run fires the component's `submit` event; the handler compiles the workflow
 (`studio.workflows.compiler`), runs it (`studio.workflows.run`) and streams the run's state back
-into the editor's `run_state` prop, which the browser code draws on the nodes. The same run
-loop serves gradio_client callers through `/run_workflow`.
+into the editor's `run_state` prop, which the browser code draws on the nodes (each picture sent
+once: studio/page/run_state.py). The same run loop serves gradio_client callers through
+`/run_workflow`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import io
-import itertools
 import json
+import os
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator, Callable
 
 import gradio as gr
 from PIL import Image
 
-from engine import Engine, GenerationParams
-from studio.bridge import final_media, preview_image, session_id_of, user_error
+from engine import EngineClient, GenerationParams
 from studio.config import StudioOptions
-from studio.media import animated_gif, data_url, model_fps
+from studio.media import final_media, model_fps
 from studio.outputs import OutputStore, save_quietly
+from studio.page.run_state import (
+    RUN_FILES_FOLDER,
+    EditorRunState,
+    RunFiles,
+    RunStateEncoder,
+    invalid_state,
+    path_of,
+)
+from studio.server.server_compat import event_payload
+from studio.server.temp_files import TempFolder
+from studio.sessions import session_id_of
+from studio.user_errors import user_error
 from studio.workflows.compiler import (
     CompiledWorkflow,
     ModelLimits,
@@ -35,9 +47,9 @@ from studio.workflows.compiler import (
 from studio.workflows.format import (
     Problem,
     WorkflowError,
-    node_type_specs,
     parse_workflow,
 )
+from studio.workflows.nodes import node_type_specs
 from studio.workflows.registry import RunRegistry
 from studio.workflows.run import ABORTED, COMPLETED, BranchView, RunView, WorkflowRun
 
@@ -62,7 +74,7 @@ def load_examples(folder: Path = EXAMPLES_DIR) -> dict[str, dict]:
     return examples
 
 
-def workflow_limits(engine: Engine, config: StudioOptions) -> WorkflowLimits:
+def workflow_limits(engine: EngineClient, config: StudioOptions) -> WorkflowLimits:
     """Every loaded model's limits (the engine's default model first) and the branch limit."""
     models = []
     for name, info in engine.infos.items():
@@ -87,7 +99,7 @@ def compile_source(source: object, limits: WorkflowLimits) -> CompiledWorkflow:
     return compile_workflow(parse_workflow(source), limits)
 
 
-def _model_field_defaults(engine: Engine) -> dict[str, dict]:
+def _model_field_defaults(engine: EngineClient) -> dict[str, dict]:
     """New nodes start at the default model's settings (Frames at the first video model's)."""
     defaults = engine.info.defaults
     video = next((info.defaults for info in engine.infos.values() if info.output_kind == "video"), None)
@@ -99,96 +111,30 @@ def _model_field_defaults(engine: Engine) -> dict[str, dict]:
     }
 
 
-# ---------------------------------------------------------------------------- run state as JSON
-class RunStateEncoder:
-    """RunView -> the JSON the editor and API callers get. Images become data URLs, each
-    encoded once: previews as small JPEGs, results and grids as PNGs, and a video's frames
-    (its preview, or its result) as a looping GIF."""
+# ---------------------------------------------------------------------------- results gallery
+class ResultsGallery:
+    """Finished branches as (image or video file, caption), grids first. A video's MP4 is written
+    once per branch (again only if its temp file went meanwhile). Encodes: call it in a worker thread."""
 
-    def __init__(self, preview_max_px: int, fps_of: Callable[[GenerationParams], int]) -> None:
-        self.preview_max_px = preview_max_px
-        self.fps_of = fps_of  # a video's frames per second: its own model's
-        self._urls: dict[int, tuple[object, str]] = {}
-        self._serial = itertools.count()
+    def __init__(self, fps_of: Callable[[GenerationParams], int]) -> None:
+        self.fps_of = fps_of
+        self._media: dict[int, Image.Image | str] = {}
 
-    def _url(self, media, fmt: str, max_px: int | None = None, fps: int = 8) -> str | None:
-        """`media`: a PIL image, or a video's frames (encoded as a GIF at `fps`, whatever `fmt` says)."""
-        if media is None:
-            return None
-        cached = self._urls.get(id(media))
-        if cached is not None and cached[0] is media:
-            return cached[1]
-        if isinstance(media, (list, tuple)):
-            url = data_url(animated_gif(media, fps, max_px), "image/gif")
-        else:
-            image = preview_image(media, max_px) if max_px else media
-            buffer = io.BytesIO()
-            image.convert("RGB").save(buffer, format=fmt, **({"quality": 85} if fmt == "JPEG" else {}))
-            url = data_url(buffer.getvalue(), f"image/{fmt.lower()}")
-        self._urls[id(media)] = (media, url)
-        return url
+    def media(self, progress: BranchView) -> Image.Image | str:
+        media = self._media.get(progress.branch.index)
+        if media is None or (isinstance(media, str) and not os.path.exists(media)):
+            media = self._media[progress.branch.index] = final_media(progress.result, fps=self.fps_of(progress.params))
+        return media
 
-    def _result(self, progress: BranchView):
-        """An image's picture, or a video's frames."""
-        if progress.result is None:
-            return None
-        return progress.result.images if progress.result.is_video else progress.result.images[0]
-
-    def branch(self, progress: BranchView) -> dict:
-        params = progress.params
-        return {
-            "index": progress.branch.index,
-            "sampler": progress.branch.sampler,
-            "label": progress.branch.label,
-            "axes": {axis.input: axis.label for axis in progress.branch.axes},
-            "state": progress.state,
-            "step": progress.step,
-            "total": progress.total,
-            "position": progress.position,
-            "batch_size": progress.batch_size,
-            "seed": params.seed,
-            "prompt": params.prompt,
-            "guidance_scale": params.guidance_scale,
-            "num_inference_steps": params.num_inference_steps,
-            "size": f"{params.width}x{params.height}",
-            "request_id": progress.request_id,
-            "message": progress.message,
-            "preview": self._url(progress.preview, "JPEG", self.preview_max_px, self.fps_of(params)),
-            "image": self._url(self._result(progress), "PNG", None if progress.result is None
-                               or not progress.result.is_video else self.preview_max_px, self.fps_of(params)),
-        }
-
-    def state(self, view: RunView, compiled: CompiledWorkflow) -> dict:
-        return {
-            "serial": next(self._serial),  # always a new value, so the browser's watch fires
-            "run_id": view.run_id,
-            "state": view.state,
-            "done": view.done,
-            "total": view.total,
-            "steps_done": sum(b.step for b in view.branches),
-            "total_steps": sum(b.total for b in view.branches),
-            "branches": [self.branch(b) for b in view.branches],
-            "nodes": {
-                node_id: {"state": node.state, "done": node.done, "total": node.total,
-                          "branches": list(compiled.node_branches.get(node_id, ()))}
-                for node_id, node in view.nodes.items()
-            },
-            "grids": {node_id: self._url(image, "PNG") for node_id, image in view.grids.items()},
-        }
-
-
-def invalid_state(error: WorkflowError) -> dict:
-    return {"serial": id(error), "state": "invalid", "problems": error.as_dicts()}
-
-
-def results_gallery(view: RunView, fps_of: Callable[[GenerationParams], int]) -> list[tuple[Image.Image | str, str]]:
-    """Finished branches as (image or video file, caption), grids first."""
-    items = [(image, f"grid {node_id}") for node_id, image in view.grids.items()]
-    for progress in view.branches:
-        if progress.result is not None:
-            items.append((final_media(progress.result, fps=fps_of(progress.params)),
-                          f"{progress.branch.label} · seed {progress.params.seed}"))
-    return items
+    def items(self, view: RunView, grid_files: dict[str, str] | None = None) -> list[tuple[Image.Image | str, str]]:
+        """`grid_files`: node id -> the file a grid was already written to (the editor's), sent
+        as it is instead of being encoded again."""
+        grid_files = grid_files or {}
+        items = [(grid_files.get(node_id, image), f"grid {node_id}") for node_id, image in view.grids.items()]
+        for progress in view.branches:
+            if progress.result is not None:
+                items.append((self.media(progress), f"{progress.branch.label} · seed {progress.params.seed}"))
+        return items
 
 
 @dataclass
@@ -196,7 +142,7 @@ class WorkflowRunner:
     """Compile, register, run and save one workflow for one session (the editor, the Simple tab
     and the API share it)."""
 
-    engine: Engine
+    engine: EngineClient
     config: StudioOptions
     registry: RunRegistry
     outputs: OutputStore | None = None
@@ -267,7 +213,7 @@ def editor_head() -> str:
     )
 
 
-def build_workflow_tab(engine: Engine) -> WorkflowTab:
+def build_workflow_tab(engine: EngineClient) -> WorkflowTab:
     examples = load_examples()
     default = examples.get(DEFAULT_EXAMPLE) or next(iter(examples.values()), {"version": 1, "nodes": [], "links": []})
 
@@ -298,7 +244,7 @@ def build_workflow_tab(engine: Engine) -> WorkflowTab:
 
 def cancel_from_page(registry: RunRegistry, event: gr.EventData, request: gr.Request) -> None:
     """A page's × or Cancel sent {run_id, index} (index -1: the whole run) as a `stop` event."""
-    data = event._data if isinstance(event._data, dict) else {}
+    data = event_payload(event)
     index = data.get("index", -1)
     if isinstance(index, bool) or not isinstance(index, int):
         raise user_error(f"index must be a branch number, got {index!r:.20}.", "Bad request")
@@ -309,22 +255,34 @@ def cancel_from_page(registry: RunRegistry, event: gr.EventData, request: gr.Req
 
 
 def wire_workflow_tab(runner: WorkflowRunner, tab: WorkflowTab, browser_token: gr.BrowserState, live) -> None:
-    """`live`: the page's LiveViews, redrawn with every update of the run."""
+    """`live`: the page's LiveViews, redrawn with the run's updates (at most once per refresh
+    period, and in its last one)."""
+    files = RunFiles(TempFolder(RUN_FILES_FOLDER, ttl_s=runner.config.temp_file_ttl_s,
+                                parent=Path(gr.utils.get_upload_folder())))
+
     async def run(workflow: str, token: str, request: gr.Request):
-        encoder = RunStateEncoder(runner.config.preview_max_px, runner.fps_of)
+        states = EditorRunState(runner.config.preview_max_px, runner.fps_of, files)
+        gallery = ResultsGallery(runner.fps_of)
         session = session_id_of(request)
         try:
             started, compiled = runner.start(workflow, session)
         except WorkflowError as exc:
             yield {tab.editor: gr.update(run_state=invalid_state(exc))}
             raise user_error(str(exc), "Workflow not run") from None
+        def encoded(view: RunView) -> tuple[dict, dict]:
+            return states.update(view, compiled), live.render(session, final=view.is_final)
+
         finished_seen = -1
         async for view in runner.follow(started, runner.owner_for(token, session), compiled.workflow.to_json()):
-            outputs: dict = {tab.editor: gr.update(run_state=encoder.state(view, compiled)), **live.render(session)}
+            # Pictures are encoded and written, and the views drawn, in a worker thread: the
+            # event loop keeps serving.
+            state, views = await asyncio.to_thread(encoded, view)
+            outputs: dict = {tab.editor: gr.update(run_state=state), **views}
             finished = sum(b.result is not None for b in view.branches)
             if finished != finished_seen or view.is_final:
                 finished_seen = finished
-                outputs[tab.results] = results_gallery(view, runner.fps_of)
+                grid_files = {node_id: path_of(url) for node_id, url in state["grids"].items() if url}
+                outputs[tab.results] = await asyncio.to_thread(gallery.items, view, grid_files)
             yield outputs
 
     tab.editor.submit(run, inputs=[tab.editor, browser_token], outputs=[tab.editor, tab.results, *live.components],
@@ -355,20 +313,25 @@ def wire_workflow_api(runner: WorkflowRunner) -> None:
         preview (a data URL); images and grids fill in as branches finish.
         Cancel with /cancel_workflow and the run_id."""
         encoder = RunStateEncoder(runner.config.preview_max_px, runner.fps_of)
+        gallery = ResultsGallery(runner.fps_of)
         session = session_id_of(request)
         try:
             started, compiled = runner.start(workflow, session)
         except WorkflowError as exc:
             raise user_error(str(exc), "Workflow not run") from None
+
+        def results(view: RunView) -> list:
+            return [(gallery.media(b), b.branch.label) for b in view.branches if b.result]
+
         finished_seen = -1
         async for view in runner.follow(started, runner.owner_for(None, session), compiled.workflow.to_json()):
             finished = sum(b.result is not None for b in view.branches)
             changed = finished != finished_seen or view.is_final
             finished_seen = finished
+            # Data URLs and videos are encoded in a worker thread: the event loop keeps serving.
             yield {
-                status: encoder.state(view, compiled),
-                images: [(final_media(b.result, fps=runner.fps_of(b.params)), b.branch.label) for b in view.branches if b.result]
-                if changed else gr.skip(),
+                status: await asyncio.to_thread(encoder.state, view, compiled),
+                images: await asyncio.to_thread(results, view) if changed else gr.skip(),
                 grids: [(image, f"grid {node_id}") for node_id, image in view.grids.items()] if changed else gr.skip(),
             }
 

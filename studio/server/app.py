@@ -27,15 +27,13 @@ import time
 
 import fastapi
 import gradio as gr
-import h11
 import uvicorn
-from starlette.routing import Mount
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from engine import Engine
+from engine import EngineClient
 from studio.api.http_routes import HttpApiConfig, build_router
 from studio.config import StudioOptions
 from studio.page.ui import STUDIO_CSS, build_ui, output_store
+from studio.server import server_compat
 from studio.server.guards import StudioGuards, input_counts
 from studio.server.temp_files import TempFileSweeper
 from studio.server.throttle import FailedAttempts
@@ -44,21 +42,22 @@ log = logging.getLogger(__name__)
 
 # Gradio runs at most this many events at once (its default of 40 would cap concurrent sessions).
 MAX_GRADIO_THREADS = 256
-# How often the temp files older than --temp-file-ttl are looked for (studio.server.temp_files).
+# How often temp files past their time to live are looked for: Gradio's cached ones (--temp-file-ttl)
+# and every TempFolder's (studio.server.temp_files).
 TEMP_FILE_SWEEP_S = 300
 
 
-def for_engine(config: StudioOptions, engine: Engine) -> StudioOptions:
+def for_engine(config: StudioOptions, engine: EngineClient) -> StudioOptions:
     """The options with the limits the engine really applies (a max size of None becomes the
     model's own), so the page's sliders offer what the engine accepts."""
     return dataclasses.replace(config, max_size=engine.limits.max_size)
 
 
-def build_demo(engine: Engine, config: StudioOptions) -> gr.Blocks:
+def build_demo(engine: EngineClient, config: StudioOptions) -> gr.Blocks:
     """The Blocks with its queue set so Gradio never serialises sessions (the engine batches)."""
     config = for_engine(config, engine)
     demo = build_ui(engine, config)
-    demo.max_threads = MAX_GRADIO_THREADS  # must precede queue() when mounting
+    server_compat.cap_events_at_once(demo, MAX_GRADIO_THREADS)  # must precede queue() when mounting
     demo.queue(default_concurrency_limit=None)
     return demo
 
@@ -72,7 +71,7 @@ def http_api_config(config: StudioOptions) -> HttpApiConfig:
     return HttpApiConfig(api_keys=config.http_api_keys, body_timeout_s=body_timeout_s)
 
 
-def build_app(engine: Engine, config: StudioOptions) -> fastapi.FastAPI:
+def build_app(engine: EngineClient, config: StudioOptions) -> fastapi.FastAPI:
     config = for_engine(config, engine)
     api_config = http_api_config(config)
     attempts = FailedAttempts(delay_s=api_config.failed_key_delay_s, max_failures=api_config.max_failed_keys)
@@ -97,8 +96,8 @@ def build_app(engine: Engine, config: StudioOptions) -> fastapi.FastAPI:
     )
     app.add_middleware(StudioGuards, attempts=attempts, input_counts=input_counts(demo), demo=demo)
     app.state.attempts = attempts
-    # The Gradio app that really serves the page (demo.app is another one, made by queue()).
-    app.state.gradio_app = next(route.app for route in app.routes if isinstance(route, Mount) and route.path == "")
+    app.state.gradio_app = server_compat.mounted_gradio_app(app)
+    server_compat.check_installed(demo, app.state.gradio_app)  # a Gradio internal gone: an error naming it, now
     return app
 
 
@@ -125,77 +124,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-class _TimedH11Protocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol, plus a deadline for receiving each request: a client that
-    sends half its headers (or half its body) and stalls is answered 408 and disconnected
-    instead of holding a connection forever."""
-
-    request_timeout_s = 30.0
-
-    def connection_made(self, transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._deadline = None
-        self._arm()
-
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self.conn.their_state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.ERROR):
-            self._disarm()  # the whole request is in: the handler may take as long as it needs
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
-            self._arm()  # the next request on this kept-alive connection
-
-    def connection_lost(self, exc) -> None:
-        self._disarm()
-        super().connection_lost(exc)
-
-    def _arm(self) -> None:
-        self._disarm()
-        self._deadline = self.loop.call_later(self.request_timeout_s, self._timed_out)
-
-    def _disarm(self) -> None:
-        if getattr(self, "_deadline", None) is not None:
-            self._deadline.cancel()
-            self._deadline = None
-
-    def _timed_out(self) -> None:
-        self._deadline = None
-        if self.transport.is_closing():
-            return
-        if self.cycle is None or self.cycle.response_complete:  # no request under way: say why we hang up
-            self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-        self.transport.close()
-
-
-def _timed_protocol(timeout_s: float) -> type[_TimedH11Protocol]:
-    return type("TimedH11Protocol", (_TimedH11Protocol,), {"request_timeout_s": timeout_s})
-
-
-class _GracefulServer(uvicorn.Server):
-    """uvicorn whose first SIGTERM / Ctrl-C runs `on_first_signal` (which ends the server
-    when it is done) instead of stopping at once; a second Ctrl-C forces the exit."""
-
-    def __init__(self, config: uvicorn.Config, on_first_signal) -> None:
-        super().__init__(config)
-        self._on_first_signal = on_first_signal
-        self.signalled = False
-        self.loop: asyncio.AbstractEventLoop | None = None
-
-    async def startup(self, sockets=None) -> None:
-        self.loop = asyncio.get_running_loop()  # Gradio's asyncio objects must be touched on it
-        await super().startup(sockets=sockets)
-
-    def handle_exit(self, sig: int, frame) -> None:
-        if self.signalled or self.should_exit:
-            super().handle_exit(sig, frame)
-            return
-        self.signalled = True
-        log.info("stopping: %s", signal.Signals(sig).name)
-        self._on_first_signal()
-
-
 class StudioServer:
     """uvicorn serving the studio app, in the foreground or on a background thread."""
 
@@ -213,16 +141,17 @@ class StudioServer:
         self.port = self._socket.getsockname()[1]
         self._demo: gr.Blocks | None = getattr(app.state, "demo", None)
         self._gradio_app = getattr(app.state, "gradio_app", None)
-        self._engine: Engine | None = getattr(app.state, "engine", None)
+        self._engine: EngineClient | None = getattr(app.state, "engine", None)
         options: StudioOptions = getattr(app.state, "options", None) or StudioOptions()
         self.shutdown_timeout_s = options.shutdown_timeout_s
         config = uvicorn.Config(
-            app, log_level="warning", http=_timed_protocol(options.request_timeout_s),
+            app, log_level="warning", http=server_compat.timed_protocol(options.request_timeout_s),
             timeout_graceful_shutdown=max(1, round(options.shutdown_timeout_s)),
         )
-        self._server = _GracefulServer(config, on_first_signal=self._begin_stop)
+        self._server = server_compat.GracefulServer(config, on_first_signal=self._stop_on_signal)
         self._thread: threading.Thread | None = None
-        # Previews and results Gradio wrote to its temp folder go after temp_file_ttl_s, and all at the stop.
+        # Previews and results Gradio wrote to its temp folder go after temp_file_ttl_s, and all at the stop;
+        # the studio's own TempFolders' files after their own time to live.
         self._sweeper = None if self._demo is None else TempFileSweeper(
             self._demo, options.temp_file_ttl_s, min(TEMP_FILE_SWEEP_S, options.temp_file_ttl_s)).start()
         self._stopping = threading.Lock()
@@ -279,6 +208,10 @@ class StudioServer:
         self._delete_temp_files()
 
     # ------------------------------------------------------------------ stopping
+    def _stop_on_signal(self, sig: int) -> None:
+        log.info("stopping: %s", signal.Signals(sig).name)
+        self._begin_stop()
+
     def _begin_stop(self) -> None:
         """Non-blocking: the stop runs on its own thread (this may be a signal handler)."""
         with self._stopping:
@@ -316,7 +249,7 @@ class StudioServer:
         async def close() -> None:
             self._demo.close(verbose=False)
             if self._gradio_app is not None:
-                self._gradio_app.stop_event.set()  # ends the heartbeat streams of open pages
+                server_compat.stop_open_streams(self._gradio_app)  # the heartbeat streams of open pages
 
         try:
             asyncio.run_coroutine_threadsafe(close(), loop).result(timeout=5)
@@ -326,15 +259,8 @@ class StudioServer:
     def _wait_for_gradio_answers(self, deadline: float) -> None:
         """Until Gradio has sent every finished event's last message (or the deadline): closing its
         queue earlier would replace those answers with "Server stopped unexpectedly"."""
-        queue = getattr(self._demo, "_queue", None)
-        while queue is not None and time.monotonic() < deadline:
-            pending_events = getattr(queue, "pending_event_ids_session", {})
-            pending_messages = getattr(queue, "pending_messages_per_session", {})
-            try:
-                busy = any(pending_events.values()) or any(q.qsize() for q in list(pending_messages.values()))
-            except (AttributeError, RuntimeError):  # Gradio changed: fall back to the deadline's grace
-                busy = True
-            if not busy:
+        while self._demo is not None and time.monotonic() < deadline:
+            if not server_compat.has_unsent_answers(self._demo):
                 return
             time.sleep(0.02)
 

@@ -20,7 +20,7 @@
   empty one with a 500, and keys its queue and task names (`..._<gradio-sep>...`) on them.
 - A session's event stream is open to one connection at a time (409 for a second): Gradio gives
   each message to whichever stream of the session reads it first, and a second stream that
-  disconnects ends the session's running events unanswered (see `studio.server.gradio_compat`).
+  disconnects ends the session's running events unanswered (see `studio.server.server_compat`).
 - gradio_client's `job.cancel()` (POST /gradio_api/cancel) cancels that one event: Gradio's own
   cancel kills every running event of the endpoint in the session but completes only the one
   named, so the client's other jobs of that endpoint would wait forever.
@@ -39,7 +39,7 @@ from itertools import accumulate
 from starlette.datastructures import QueryParams
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from studio.server import gradio_compat
+from studio.server import server_compat
 from studio.server.throttle import FailedAttempts, LockedOut
 
 _UNSAFE = {"POST", "PUT", "PATCH", "DELETE"}
@@ -76,7 +76,7 @@ class StudioGuards:
         self.attempts = attempts
         # How many values each endpoint takes, by api name and by fn_index (see `input_counts`).
         self.input_counts = input_counts or {}
-        self.demo = demo  # the Blocks whose queue the /call streams read (see gradio_compat)
+        self.demo = demo  # the Blocks whose queue the /call streams read (see server_compat)
         # The session hashes whose event stream is open, each with a token of the connection holding it.
         self._streams: dict[str, object] = {}
 
@@ -107,7 +107,7 @@ class StudioGuards:
             if problem is not None:
                 await _gradio_error(send, problem)
                 return
-            if scope["path"] == gradio_compat.CANCEL and gradio_compat.SUPPORTED:
+            if scope["path"] == server_compat.CANCEL and server_compat.GRADIO_IN_RANGE:
                 body = await _cancel_one_event(body)
                 scope = _with_content_length(scope, len(body))
             receive = _replay(body, receive)
@@ -119,14 +119,14 @@ class StudioGuards:
     async def _get(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Event streams: a valid session hash, and one stream a session."""
         session = None
-        if scope["path"] == gradio_compat.QUEUE_DATA:
+        if scope["path"] == server_compat.QUEUE_DATA:
             session = QueryParams(scope.get("query_string", b"")).get("session_hash")
             problem = _session_hash_problem(session)
             if problem is not None:
                 await _gradio_error(send, problem)
                 return
-        elif (event_id := gradio_compat.call_stream_event_id(scope["path"])) is not None:
-            session = gradio_compat.session_of_event(self.demo, event_id)
+        elif (event_id := server_compat.call_stream_event_id(scope["path"])) is not None:
+            session = server_compat.session_of_event(self.demo, event_id)
         if session is None:
             await self.app(scope, receive, send)
             return
@@ -144,7 +144,7 @@ class StudioGuards:
 
         async def send_then_release_at_the_end(message: Message) -> None:
             if message["type"] == "http.response.body" and (
-                    not message.get("more_body") or gradio_compat.ends_stream(message.get("body", b""))):
+                    not message.get("more_body") or server_compat.ends_stream(message.get("body", b""))):
                 release()  # before the client sees the end (and may open its next stream)
             await send(message)
 
@@ -155,7 +155,7 @@ class StudioGuards:
 
     def _payload_problem(self, path: str, body: bytes) -> str | None:
         """What is wrong with a call's JSON body (its session hash, how many values), if anything."""
-        if not (path in (_QUEUE_JOIN, gradio_compat.CANCEL) or path.startswith(_NAMED_CALLS)):
+        if not (path in (_QUEUE_JOIN, server_compat.CANCEL) or path.startswith(_NAMED_CALLS)):
             return None
         try:
             payload = json.loads(body)
@@ -167,7 +167,7 @@ class StudioGuards:
             problem = _session_hash_problem(payload.get("session_hash"))
             if problem is not None:
                 return problem
-        if path == gradio_compat.CANCEL or not isinstance(payload.get("data"), list):
+        if path == server_compat.CANCEL or not isinstance(payload.get("data"), list):
             return None
         if path == _QUEUE_JOIN:
             key = payload.get("fn_index")
@@ -208,13 +208,11 @@ def input_counts(demo) -> dict[str | int, frozenset[int]]:
     """For each event of a Blocks: how many values a call may send, by api name and by fn_index
     (all its inputs, or only those the API shows: Gradio fills in the hidden ones)."""
     counts: dict[str | int, frozenset[int]] = {}
-    for index, fn in demo.fns.items():
-        inputs = list(fn.inputs)
-        shown = [block for block in inputs if not getattr(block, "skip_api", False)]
-        allowed = frozenset({len(inputs), len(shown)})
-        counts[index] = allowed
-        if fn.api_name:
-            counts[fn.api_name] = allowed
+    for endpoint in server_compat.endpoints(demo):
+        allowed = frozenset({endpoint.input_count, endpoint.shown_input_count})
+        counts[endpoint.fn_index] = allowed
+        if endpoint.api_name:
+            counts[endpoint.api_name] = allowed
     return counts
 
 
@@ -255,8 +253,8 @@ async def _cancel_one_event(body: bytes) -> bytes:
     session_hash, fn_index, event_id = (payload.get(key) for key in ("session_hash", "fn_index", "event_id"))
     if not (isinstance(session_hash, str) and isinstance(event_id, str) and type(fn_index) is int):
         return body  # Gradio answers a malformed cancel with a 422
-    await gradio_compat.cancel_event_task(session_hash, fn_index, event_id)
-    return json.dumps({**payload, "fn_index": gradio_compat.NO_TASK_FN_INDEX}).encode()
+    await server_compat.cancel_event_task(session_hash, fn_index, event_id)
+    return json.dumps({**payload, "fn_index": server_compat.NO_TASK_FN_INDEX}).encode()
 
 
 async def _read_all(receive: Receive) -> bytes:

@@ -1,6 +1,6 @@
 """Compile a workflow into the engine requests its Sampler nodes make ("branches").
 
-    compiled = compile_workflow(parse_workflow(text), WorkflowLimits(max_steps=100, ...))
+    compiled = compile_workflow(parse_workflow(text), WorkflowLimits((ModelLimits(max_steps=100, ...),)))
     compiled.branches   # one GenerationParams per combination of each sampler's input values
 
 A value node (Prompt, Seed, Steps, ...) gives one value; a fan-out node (Prompt list, Seed batch,
@@ -11,8 +11,10 @@ with a Seed of -1) uses ONE random seed for all of its branches, picked when the
 the cells of an X/Y plot differ only in what was swept.
 
 Everything is checked before anything runs, and every problem names its node and port or field:
-cycles, wrong link types, missing required inputs, values outside the loaded model's limits,
-more branches than allowed. Pure: imports neither gradio nor torch.
+cycles, wrong link types, missing required inputs, more branches than allowed, and each node's
+values against the loaded models. The compiler owns the graph checks; a value is judged by the
+engine's own rules (ParamError names the GenerationParams field, which the node type maps to
+its field), once per node rather than once per branch. Pure: imports neither gradio nor torch.
 """
 
 from __future__ import annotations
@@ -20,34 +22,36 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
-from pipelines.params import (
-    MAX_FRAMES_ABSOLUTE,
-    MAX_PROMPT_CHARS,
-    MAX_SEED,
-    MIN_SIZE,
-    GenerationParams,
+from engine.limits import ServingLimits
+from pipelines.errors import ParamError
+from pipelines.params import MAX_FRAMES_ABSOLUTE, GenerationParams, check_field
+from pipelines.validation import (
+    check_model_name,
+    check_scheduler_name,
+    check_side,
+    check_size_in,
+    check_still_frames,
 )
-from studio.workflows.format import (
+from studio.workflows.format import Node, Problem, Workflow, WorkflowError
+from studio.workflows.nodes import (
     NODE_TYPES,
+    PARAMS_OF_PORT,
     SAMPLER_INPUTS,
-    SWEEPABLE,
-    Node,
     PortType,
-    Problem,
-    Workflow,
-    WorkflowError,
+    Reading,
+    sweep_output_type,
 )
 
 DEFAULT_MAX_BRANCHES = 64
-MAX_FAN_OUT_VALUES = 256  # values in one fan-out node
-MAX_GUIDANCE = 100.0
 
 
 @dataclass(frozen=True)
 class ModelLimits:
-    """What one loaded model and the server allow for it; values outside are refused at compile time."""
+    """What one loaded model and the server allow for it, so a value it refuses is reported at its node
+    before anything runs. The rules are the engine's own (pipelines.params, pipelines.validation,
+    engine.limits); the model family's own check runs when the run prepares each branch."""
 
     name: str = "default"
     max_steps: int = 100
@@ -57,12 +61,36 @@ class ModelLimits:
     uses_negative_prompt: bool = True
     makes_video: bool = False
     sizes: tuple[tuple[int, int], ...] = ()  # the only sizes the model serves (empty: any multiple)
+    max_frames: int = MAX_FRAMES_ABSOLUTE
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "max_size", "size_multiple"):
+        for name in ("max_steps", "max_size", "size_multiple", "max_frames"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+
+    def check(self, values: dict[str, Any], name_in_caps: bool = False) -> None:
+        """These GenerationParams values (any subset) against the engine's rules, in the order its front
+        doors use: the server's caps (its range in the message), the absolute ranges, then the model's
+        own. Raises ParamError naming the field; `name_in_caps`: a cap's message names this model."""
+        caps = {name: values[name] for name in ("num_inference_steps", "width", "height", "num_frames")
+                if name in values}
+        try:
+            ServingLimits(max_steps=self.max_steps, max_size=self.max_size, max_frames=self.max_frames
+                          ).check_values(**caps)
+        except ParamError as error:
+            raise ParamError(error.field, f"{self.name}: {error}") if name_in_caps else error from None
+        for name, value in values.items():
+            check_field(name, value)
+        for name in ("width", "height"):
+            if name in values:
+                check_side(name, values[name], self.name, self.size_multiple)
+        if "num_frames" in values and not self.makes_video:
+            check_still_frames(values["num_frames"], self.name)
+        if values.get("scheduler") is not None:
+            check_scheduler_name("scheduler", values["scheduler"], self.schedulers)
+        if "width" in values and "height" in values:
+            check_size_in(values["width"], values["height"], self.name, self.sizes)
 
 
 @dataclass(frozen=True)
@@ -89,10 +117,6 @@ class WorkflowLimits:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(limits.name for limits in self.models)
-
-    def scope(self, limits: ModelLimits, what: str) -> str:
-        """How a range message names its limit: ' for this server' with one model, ' for <model>' with several."""
-        return f" for {what}" if len(self.models) == 1 else f" for {limits.name}"
 
 
 @dataclass(frozen=True)
@@ -142,241 +166,40 @@ class CompiledWorkflow:
     grids: tuple[GridLayout, ...]
     node_branches: dict[str, tuple[int, ...]]  # every node -> the branches it takes part in
 
-    def branches_of(self, node_id: str) -> tuple[Branch, ...]:
-        return tuple(self.branches[i] for i in self.node_branches.get(node_id, ()))
-
 
 # ---------------------------------------------------------------------------- values
-@dataclass(frozen=True)
-class _Value:
-    value: Any
-    label: str
-
-
-class _ValueReader:
-    """Reads a node's field values (numbers may arrive as text from the editor), noting problems.
-    `limits` are the limits of the model the values are read for."""
+class _NodeReader:
+    """Reads one node's values for one model (its type's `read`), noting problems at the node's fields."""
 
     def __init__(self, node: Node, problems: list[Problem], limits: ModelLimits, workflow_limits: WorkflowLimits) -> None:
         self.node = node
         self.problems = problems
         self.limits = limits
         self.workflow_limits = workflow_limits
+        self.default_model = workflow_limits.default.name
 
-    def scope(self, what: str) -> str:
-        return self.workflow_limits.scope(self.limits, what)
-
-    def fail(self, name: str, message: str) -> None:
-        problem = Problem(message, self.node.id, name)
+    def fail(self, field: str, message: str) -> None:
+        problem = Problem(message, self.node.id, field)
         if problem not in self.problems:  # a value read for several models fails once
             self.problems.append(problem)
 
-    def number(self, name: str, raw: object, whole: bool) -> float | int | None:
-        value = raw
-        if isinstance(value, str):
-            try:
-                value = float(value.strip())
-            except ValueError:
-                self.fail(name, f"{raw!r:.40} is not a number.")
-                return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            self.fail(name, f"{raw!r:.40} is not a finite number.")
-            return None
-        if whole:
-            if float(value) != int(value):
-                self.fail(name, f"{raw!r:.40} must be a whole number.")
-                return None
-            return int(value)
-        return float(value)
-
-    def bounded(self, name: str, raw: object, low: float, high: float, whole: bool, what: str = "") -> Any:
-        value = self.number(name, raw, whole)
-        if value is None:
-            return None
-        if not low <= value <= high:
-            high_text = f"{high:g}" if isinstance(high, float) else str(high)
-            self.fail(name, f"{value:g} is out of range{what}: allowed is {low:g}..{high_text}.")
-            return None
-        return value
-
-    def text(self, name: str, raw: object, required: bool) -> str | None:
-        if not isinstance(raw, str):
-            self.fail(name, f"must be text, got {type(raw).__name__}.")
-            return None
-        if required and not raw.strip():
-            self.fail(name, "is empty: write a prompt.")
-            return None
-        if len(raw) > MAX_PROMPT_CHARS:
-            self.fail(name, f"is {len(raw)} characters long; at most {MAX_PROMPT_CHARS} are allowed.")
-            return None
-        return raw
-
-
-def _steps(reader: _ValueReader, name: str, raw: object) -> _Value | None:
-    value = reader.bounded(name, raw, 1, reader.limits.max_steps, whole=True, what=reader.scope("this server"))
-    return None if value is None else _Value(value, str(value))
-
-
-def _guidance(reader: _ValueReader, name: str, raw: object) -> _Value | None:
-    value = reader.bounded(name, raw, 0.0, MAX_GUIDANCE, whole=False)
-    return None if value is None else _Value(value, f"{value:g}")
-
-
-def _seed(reader: _ValueReader, name: str, raw: object) -> _Value | None:
-    value = reader.bounded(name, raw, -1, MAX_SEED, whole=True)
-    if value is None:
-        return None
-    return _Value(None, "random") if value < 0 else _Value(value, str(value))
-
-
-def _side(reader: _ValueReader, name: str, raw: object) -> int | None:
-    limits = reader.limits
-    value = reader.bounded(name, raw, max(MIN_SIZE, limits.size_multiple), limits.max_size, whole=True,
-                           what=reader.scope("this model and server"))
-    if value is not None and value % limits.size_multiple:
-        lower = max(limits.size_multiple, value - value % limits.size_multiple)
-        scope = "" if len(reader.workflow_limits.models) == 1 else f" ({limits.name})"
-        reader.fail(name, f"{value} is not a multiple of {limits.size_multiple}{scope} (e.g. {lower} or "
-                          f"{lower + limits.size_multiple}).")
-        return None
-    return value
-
-
-def _size_text(reader: _ValueReader, name: str, raw: object) -> _Value | None:
-    text = str(raw).strip().lower()
-    width_text, sep, height_text = text.partition("x")
-    if not sep:
-        reader.fail(name, f"{raw!r:.40} is not a size: write WIDTHxHEIGHT, e.g. 64x64.")
-        return None
-    width, height = _side(reader, name, width_text), _side(reader, name, height_text)
-    return _size_pair(reader, name, width, height)
-
-
-def _size_pair(reader: _ValueReader, name: str, width: int | None, height: int | None) -> _Value | None:
-    if width is None or height is None:
-        return None
-    sizes = reader.limits.sizes
-    if sizes and (width, height) not in sizes:
-        allowed = ", ".join(f"{w}x{h}" for w, h in sizes)
-        model = "this model" if len(reader.workflow_limits.models) == 1 else reader.limits.name
-        reader.fail(name, f"{width}x{height} is not a size {model} makes: allowed {'sizes are' if len(sizes) > 1 else 'is'} "
-                          f"{allowed}.")
-        return None
-    return _Value((width, height), f"{width}x{height}")
-
-
-def _scheduler(reader: _ValueReader, name: str, raw: object) -> _Value | None:
-    if not isinstance(raw, str):
-        reader.fail(name, f"must be a scheduler name, got {type(raw).__name__}.")
-        return None
-    text = raw.strip()
-    if text in ("", "default"):
-        return _Value(None, "default")
-    schedulers = reader.limits.schedulers
-    if text not in schedulers:
-        allowed = ", ".join(schedulers) or "none besides the default"
-        model = "this model" if len(reader.workflow_limits.models) == 1 else reader.limits.name
-        reader.fail(name, f"{text!r:.40} is not a scheduler {model} offers; allowed are: {allowed} "
-                          "(or leave it empty for the model's own).")
-        return None
-    return _Value(text, text)
-
-
-def _frames(reader: _ValueReader, name: str, raw: object) -> _Value | None:
-    value = reader.bounded(name, raw, 1, MAX_FRAMES_ABSOLUTE, whole=True)
-    if value is not None and value != 1 and not reader.limits.makes_video:
-        reader.fail(name, f"{reader.limits.name} makes still images: frames must be 1 (or leave frames unlinked).")
-        return None
-    return None if value is None else _Value(value, str(value))
-
-
-def _model(reader: _ValueReader, name: str, raw: object) -> _Value | None:
-    text = raw.strip() if isinstance(raw, str) else raw
-    if text in ("", "default", None):
-        return _Value(reader.workflow_limits.default.name, reader.workflow_limits.default.name)
-    if text not in reader.workflow_limits.names:
-        reader.fail(name, f"{text!r:.60} is not a loaded model; loaded: {', '.join(reader.workflow_limits.names)}.")
-        return None
-    return _Value(text, text)
-
-
-_PARSERS: dict[str, Callable[[_ValueReader, str, object], _Value | None]] = {
-    PortType.STEPS: _steps,
-    PortType.GUIDANCE: _guidance,
-    PortType.SEED: _seed,
-    PortType.SIZE: _size_text,
-    PortType.SCHEDULER: _scheduler,
-    PortType.FRAMES: _frames,
-    PortType.MODEL: _model,
-}
-
-
-def sweep_output_type(node: Node) -> str | None:
-    """A Sweep's output type is the setting it varies (None while that setting is invalid)."""
-    param = node.values.get("param")
-    return param if param in SWEEPABLE else None
+    def check(self, at: str | None = None, **values: Any) -> bool:
+        try:
+            if "model" in values:
+                check_field("model", values["model"])
+                check_model_name(values.pop("model"), self.workflow_limits.names)
+            self.limits.check(values, name_in_caps=len(self.workflow_limits.models) > 1)
+        except ParamError as error:
+            self.fail(at or NODE_TYPES[self.node.type].field_for(error.field) or error.field, error.message)
+            return False
+        return True
 
 
 def output_type(node: Node, port_name: str) -> str | None:
     port = NODE_TYPES[node.type].output(port_name)
     if port is None:
         return None
-    return sweep_output_type(node) if port.type is None else port.type
-
-
-def _node_values(node: Node, reader: _ValueReader) -> list[_Value]:
-    """The values a value or fan-out node puts on its output, read for one model (empty when a
-    value is invalid)."""
-    values = node.values
-    if node.type in ("prompt", "negative_prompt"):
-        text = reader.text("text", values["text"], required=node.type == "prompt")
-        return [] if text is None else [_Value(text, text)]
-    if node.type == "size":
-        width, height = _side(reader, "width", values["width"]), _side(reader, "height", values["height"])
-        pair = _size_pair(reader, "width", width, height)
-        return [] if pair is None else [pair]
-    if node.type in ("seed", "steps", "guidance", "scheduler", "frames", "model"):
-        name = NODE_TYPES[node.type].fields[0].name
-        value = _PARSERS[node.type](reader, name, values[name])
-        return [] if value is None else [value]
-    if node.type == "prompt_list":
-        text = reader.text("prompts", values["prompts"], required=False)
-        if text is None:
-            return []
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        if not lines:
-            reader.fail("prompts", "has no prompt: write one prompt per line.")
-        elif len(lines) > MAX_FAN_OUT_VALUES:
-            reader.fail("prompts", f"has {len(lines)} prompts; at most {MAX_FAN_OUT_VALUES} are allowed.")
-            return []
-        return [_Value(line, line) for line in lines]
-    if node.type == "seed_batch":
-        start = reader.bounded("start", values["start"], 0, MAX_SEED, whole=True)
-        count = reader.bounded("count", values["count"], 1, MAX_FAN_OUT_VALUES, whole=True)
-        if start is None or count is None:
-            return []
-        if start + count - 1 > MAX_SEED:
-            reader.fail("count", f"seeds {start}..{start + count - 1} go past the largest seed {MAX_SEED}.")
-            return []
-        return [_Value(start + i, str(start + i)) for i in range(count)]
-    if node.type == "sweep":
-        param = sweep_output_type(node)
-        if param is None:
-            reader.fail("param", f"{values['param']!r:.40} can't be swept; choose one of: {', '.join(SWEEPABLE)}.")
-            return []
-        raw = values["values"]
-        if not isinstance(raw, str):
-            raw = ", ".join(str(v) for v in raw) if isinstance(raw, list) else str(raw)
-        items = [item.strip() for item in raw.replace("\n", ",").split(",") if item.strip()]
-        if not items:
-            reader.fail("values", f"lists no {param} value: write them separated by commas.")
-            return []
-        if len(items) > MAX_FAN_OUT_VALUES:
-            reader.fail("values", f"lists {len(items)} values; at most {MAX_FAN_OUT_VALUES} are allowed.")
-            return []
-        parsed = [_PARSERS[param](reader, "values", item) for item in items]
-        return [] if None in parsed else parsed
-    return []
+    return sweep_output_type(node.values) if port.type is None else port.type
 
 
 # ---------------------------------------------------------------------------- graph checks
@@ -467,8 +290,8 @@ def compile_workflow(workflow: Workflow, limits: WorkflowLimits | None = None) -
     for sampler in samplers:
         linked = [(p.name, sources[(sampler.id, p.name)]) for p in SAMPLER_INPUTS if (sampler.id, p.name) in sources]
         choices = [list(enumerate(node_values[source.id])) for _, source in linked]
-        branch_sources = tuple((field_name, (source.id, _source_field(source, field_name)))
-                               for input_name, source in linked for field_name in _FIELDS_OF_INPUT[input_name])
+        branch_sources = tuple((param, (source.id, NODE_TYPES[source.type].field_for(param)))
+                               for input_name, source in linked for param in PARAMS_OF_PORT[input_name])
         for combination in itertools.product(*choices):
             fields: dict[str, Any] = {}
             axes = []
@@ -477,7 +300,14 @@ def compile_workflow(workflow: Workflow, limits: WorkflowLimits | None = None) -
                 if NODE_TYPES[source.type].is_fan_out:
                     axes.append(AxisValue(input_name, value_index, value.label))
             index = len(branches)
-            branches.append(Branch(index, sampler.id, _params(fields, limits.default.name), tuple(axes), branch_sources))
+            try:
+                params = _params(fields, limits.default.name)
+            except ParamError as error:  # a rule no node's own check asked (each value was checked alone)
+                problem = Problem(error.message, *dict(branch_sources).get(error.field, (sampler.id, None)))
+                if problem not in problems:
+                    problems.append(problem)
+                continue
+            branches.append(Branch(index, sampler.id, params, tuple(axes), branch_sources))
             for _, source in linked:
                 node_branches[source.id].append(index)
             node_branches[sampler.id].append(index)
@@ -498,26 +328,6 @@ def compile_workflow(workflow: Workflow, limits: WorkflowLimits | None = None) -
                             {node_id: tuple(indices) for node_id, indices in node_branches.items()})
 
 
-# A sampler input -> the GenerationParams fields it sets.
-_FIELDS_OF_INPUT = {
-    PortType.PROMPT: ("prompt",), PortType.NEGATIVE_PROMPT: ("negative_prompt",), PortType.SEED: ("seed",),
-    PortType.SIZE: ("width", "height"), PortType.STEPS: ("num_inference_steps",),
-    PortType.GUIDANCE: ("guidance_scale",), PortType.SCHEDULER: ("scheduler",), PortType.FRAMES: ("num_frames",),
-    PortType.MODEL: ("model",),
-}
-
-
-def _source_field(node: Node, field_name: str) -> str:
-    """The field of a value or fan-out node that set a GenerationParams field (for error messages)."""
-    if node.type == "size":
-        return field_name  # width / height
-    if node.type == "seed_batch":
-        return "start"
-    if node.type == "sweep":
-        return "values"
-    return NODE_TYPES[node.type].fields[0].name if NODE_TYPES[node.type].fields else field_name
-
-
 def _params(fields: dict[str, Any], default_model: str) -> GenerationParams:
     size = fields.get(PortType.SIZE)
     return GenerationParams(
@@ -535,12 +345,13 @@ def _params(fields: dict[str, Any], default_model: str) -> GenerationParams:
 
 
 def _read_values(workflow: Workflow, sources: dict[tuple[str, str], Node], limits: WorkflowLimits,
-                 problems: list[Problem]) -> dict[str, list[_Value]]:
+                 problems: list[Problem]) -> dict[str, list[Reading]]:
     """Every node's values, read for the models of the samplers it feeds (each value must suit
     every one of them); a node feeding no sampler is read for the default model."""
 
-    def read(node: Node, model: ModelLimits) -> list[_Value]:
-        return _node_values(node, _ValueReader(node, problems, model, limits))
+    def read(node: Node, model: ModelLimits) -> list[Reading]:
+        node_type = NODE_TYPES[node.type]
+        return node_type.read(node.values, _NodeReader(node, problems, model, limits)) if node_type.read else []
 
     models_of: dict[str, list[str]] = {}
     for node in workflow.nodes.values():

@@ -1,4 +1,4 @@
-"""Workflows as data: the node types, and a workflow's nodes and links parsed from JSON.
+"""Workflows as data: a workflow's nodes and links parsed from JSON, and its problems.
 
 A workflow is JSON (version 1):
 
@@ -8,8 +8,8 @@ A workflow is JSON (version 1):
      "links": [{"from": {"node": "1", "port": "prompt"}, "to": {"node": "2", "port": "prompt"}}]}
 
 Every port has a type; a link joins an output to an input of the same type, and an input takes
-at most one link. The node types are the single source of truth: the browser editor draws its
-palette from `node_type_specs()`, and `studio.workflows.compiler` checks and expands a workflow.
+at most one link. The node types (`studio.workflows.nodes`) say which ports and fields each
+node has; `studio.workflows.compiler` checks and expands a workflow.
 
 Pure: imports neither gradio nor torch, so it is tested on its own.
 """
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.params import MAX_PROMPT_CHARS
+from studio.workflows.nodes import NODE_TYPES
 
 WORKFLOW_VERSION = 1
 # Bounds on what one workflow may hold: a hand-built graph has tens of nodes. The byte limit holds
@@ -33,160 +34,6 @@ MAX_ID_CHARS = 64
 # The longest node value (text, or anything else as JSON): a prompt's own limit (GenerationParams),
 # as a prompt is the longest thing a node field holds.
 MAX_VALUE_CHARS = MAX_PROMPT_CHARS
-
-
-class PortType:
-    """What flows along a link. Only equal types may be linked."""
-
-    PROMPT = "prompt"
-    NEGATIVE_PROMPT = "negative_prompt"
-    SEED = "seed"
-    SIZE = "size"
-    STEPS = "steps"
-    GUIDANCE = "guidance"
-    SCHEDULER = "scheduler"
-    FRAMES = "frames"  # a video's frame count
-    MODEL = "model"  # which loaded model makes the branch
-    IMAGES = "images"  # a sampler's branches: their previews, images and settings
-
-
-# What a Sweep node may vary: its `param` value decides its output type.
-SWEEPABLE = (PortType.GUIDANCE, PortType.STEPS, PortType.SCHEDULER, PortType.SIZE, PortType.SEED, PortType.FRAMES,
-             PortType.MODEL)
-# A Grid's axes name a sampler input that a fan-out node feeds.
-GRID_AXES = ("auto", PortType.PROMPT, PortType.NEGATIVE_PROMPT, PortType.SEED, PortType.SIZE, PortType.STEPS,
-             PortType.GUIDANCE, PortType.SCHEDULER, PortType.FRAMES, PortType.MODEL)
-
-
-@dataclass(frozen=True)
-class Port:
-    name: str
-    type: str | None  # None: decided by the node's `param` value (the Sweep node)
-    required: bool = False
-
-
-@dataclass(frozen=True)
-class Field:
-    """One editable value of a node. `kind` tells the editor which control to draw."""
-
-    name: str
-    kind: str  # "text" | "lines" | "int" | "float" | "choice" | "scheduler" | "model"
-    default: Any
-    label: str
-    choices: tuple[str, ...] = ()
-    help: str = ""
-
-
-@dataclass(frozen=True)
-class NodeType:
-    name: str
-    title: str
-    category: str  # "values" | "fan-out" | "sampler" | "outputs"
-    description: str
-    inputs: tuple[Port, ...] = ()
-    outputs: tuple[Port, ...] = ()
-    fields: tuple[Field, ...] = ()
-
-    def input(self, name: str) -> Port | None:
-        return next((port for port in self.inputs if port.name == name), None)
-
-    def output(self, name: str) -> Port | None:
-        return next((port for port in self.outputs if port.name == name), None)
-
-    @property
-    def is_fan_out(self) -> bool:
-        return self.category == "fan-out"
-
-    def default_values(self) -> dict[str, Any]:
-        return {f.name: f.default for f in self.fields}
-
-
-def _value_node(name: str, title: str, port_type: str, fields: tuple[Field, ...], description: str) -> NodeType:
-    return NodeType(name, title, "values", description, outputs=(Port(port_type, port_type),), fields=fields)
-
-
-SAMPLER_INPUTS = (
-    Port(PortType.PROMPT, PortType.PROMPT, required=True),
-    Port(PortType.NEGATIVE_PROMPT, PortType.NEGATIVE_PROMPT),
-    Port(PortType.SEED, PortType.SEED),
-    Port(PortType.SIZE, PortType.SIZE),
-    Port(PortType.STEPS, PortType.STEPS),
-    Port(PortType.GUIDANCE, PortType.GUIDANCE),
-    Port(PortType.SCHEDULER, PortType.SCHEDULER),
-    Port(PortType.FRAMES, PortType.FRAMES),
-    Port(PortType.MODEL, PortType.MODEL),
-)
-
-NODE_TYPES: dict[str, NodeType] = {
-    node_type.name: node_type
-    for node_type in (
-        _value_node("prompt", "Prompt", PortType.PROMPT,
-                    (Field("text", "lines", "", "Prompt"),), "The text to draw."),
-        _value_node("negative_prompt", "Negative prompt", PortType.NEGATIVE_PROMPT,
-                    (Field("text", "lines", "", "Negative prompt"),), "What to steer away from (CFG models)."),
-        _value_node("seed", "Seed", PortType.SEED,
-                    (Field("seed", "int", -1, "Seed", help="-1: a random seed, the same for every branch"),),
-                    "The noise seed."),
-        _value_node("size", "Size", PortType.SIZE,
-                    (Field("width", "int", 64, "Width"), Field("height", "int", 64, "Height")), "Image size in pixels."),
-        _value_node("steps", "Steps", PortType.STEPS,
-                    (Field("steps", "int", 20, "Steps"),), "Denoise steps."),
-        _value_node("guidance", "Guidance", PortType.GUIDANCE,
-                    (Field("scale", "float", 3.0, "Guidance scale"),), "Guidance scale."),
-        _value_node("scheduler", "Scheduler", PortType.SCHEDULER,
-                    (Field("name", "scheduler", "", "Scheduler", help="empty: the model's own"),),
-                    "The noise scheduler."),
-        _value_node("frames", "Frames", PortType.FRAMES,
-                    (Field("frames", "int", 9, "Frames", help="video models only"),), "A video's frame count."),
-        _value_node("model", "Model", PortType.MODEL,
-                    (Field("name", "model", "", "Model", help="empty: the studio's default model"),),
-                    "Which loaded model makes the branch."),
-        NodeType("prompt_list", "Prompt list", "fan-out", "One branch per line.",
-                 outputs=(Port(PortType.PROMPT, PortType.PROMPT),),
-                 fields=(Field("prompts", "lines", "", "Prompts, one per line"),)),
-        NodeType("seed_batch", "Seed batch", "fan-out", "One branch per seed: start, start+1, ...",
-                 outputs=(Port(PortType.SEED, PortType.SEED),),
-                 fields=(Field("start", "int", 0, "First seed"), Field("count", "int", 4, "Count"))),
-        NodeType("sweep", "Sweep", "fan-out", "One branch per value of one setting.",
-                 outputs=(Port("values", None),),
-                 fields=(Field("param", "choice", PortType.GUIDANCE, "Setting", choices=SWEEPABLE),
-                         Field("values", "text", "1, 3, 5", "Values",
-                               help="comma separated; sizes as WIDTHxHEIGHT; models by name"))),
-        NodeType("sampler", "Sampler", "sampler",
-                 "Denoises one engine request per combination of its inputs' values.",
-                 inputs=SAMPLER_INPUTS, outputs=(Port(PortType.IMAGES, PortType.IMAGES),)),
-        NodeType("image_output", "Image output", "outputs", "The finished images of every branch.",
-                 inputs=(Port(PortType.IMAGES, PortType.IMAGES, required=True),)),
-        NodeType("live_preview", "Live preview", "outputs", "Every branch's preview while it denoises.",
-                 inputs=(Port(PortType.IMAGES, PortType.IMAGES, required=True),)),
-        NodeType("grid", "Grid", "outputs", "An X/Y plot of the branches, labelled with the swept values.",
-                 inputs=(Port(PortType.IMAGES, PortType.IMAGES, required=True),),
-                 fields=(Field("x", "choice", "auto", "X axis", choices=GRID_AXES),
-                         Field("y", "choice", "auto", "Y axis", choices=GRID_AXES))),
-    )
-}
-
-
-def node_type_specs(field_defaults: dict[str, dict[str, Any]] | None = None) -> list[dict]:
-    """The node types as JSON for the browser editor (its palette, ports and fields).
-
-    `field_defaults`: node type -> {field: value} replacing the built-in defaults, so a new
-    Size or Steps node starts at the loaded model's own defaults."""
-    field_defaults = field_defaults or {}
-    specs = []
-    for node_type in NODE_TYPES.values():
-        overrides = field_defaults.get(node_type.name, {})
-        specs.append({
-            "name": node_type.name,
-            "title": node_type.title,
-            "category": node_type.category,
-            "description": node_type.description,
-            "inputs": [{"name": p.name, "type": p.type, "required": p.required} for p in node_type.inputs],
-            "outputs": [{"name": p.name, "type": p.type} for p in node_type.outputs],
-            "fields": [{"name": f.name, "kind": f.kind, "default": overrides.get(f.name, f.default), "label": f.label,
-                        "choices": list(f.choices), "help": f.help} for f in node_type.fields],
-        })
-    return specs
 
 
 # ---------------------------------------------------------------------------- problems
@@ -256,6 +103,11 @@ class Workflow:
             "links": [{"from": {"node": link.source.node, "port": link.source.port},
                        "to": {"node": link.target.node, "port": link.target.port}} for link in self.links],
         }
+
+
+def link_json(source: str, port: str, target: str, target_port: str | None = None) -> dict:
+    """A link as workflow JSON: from an output port to an input port (of the same name by default)."""
+    return {"from": {"node": source, "port": port}, "to": {"node": target, "port": target_port or port}}
 
 
 def _node_id(value: object) -> str | None:

@@ -18,7 +18,9 @@ other sessions' requests) share each denoise forward.
 
 Every branch is validated by the engine (`prepare_params`: model defaults, seed, the model's
 and server's limits) before the first one is submitted, so a run either starts whole or not
-at all. Aggregation: each node's state comes from the branches it takes part in.
+at all. Each submitted branch is followed by a studio.tracker `RequestTracker` (its status is
+the branch's, its cancel the branch's cancel). Aggregation: each node's state comes from the
+branches it takes part in.
 """
 
 from __future__ import annotations
@@ -33,18 +35,18 @@ from typing import AsyncIterator
 
 from PIL import Image
 
-from engine import (
-    Aborted,
-    AdmissionError,
-    Completed,
-    Engine,
-    EngineClosedError,
-    Failed,
-    GenerationParams,
-    Progress,
-    Queued,
-    RequestHandle,
-    Started,
+from engine import AdmissionError, Completed, EngineClient, EngineClosedError, GenerationParams
+from pipelines.errors import ParamError
+from studio.tracker import (
+    ABORTED,
+    COMPLETED,
+    FAILED,
+    FINAL_STATES,
+    QUEUED,
+    RUNNING,
+    WAITING,
+    RequestTracker,
+    Status,
 )
 from studio.workflows.compiler import Branch, CompiledWorkflow, with_run_settings
 from studio.workflows.format import Problem, WorkflowError
@@ -54,34 +56,61 @@ RETRY_ADMISSION_S = 0.25  # when the engine refuses and none of the run's branch
 _SEED_RANGE = 2**32
 _RUN_SEQUENCE = itertools.count()
 
-WAITING, QUEUED, RUNNING = "waiting", "queued", "running"
-COMPLETED, ABORTED, FAILED = "completed", "aborted", "failed"
-TERMINAL = (COMPLETED, ABORTED, FAILED)
-
 
 @dataclass(frozen=True)
 class BranchView:
-    """One branch as the run knows it at one moment."""
+    """One branch as the run knows it at one moment: its request's tracker status."""
 
     branch: Branch
     params: GenerationParams  # complete: defaults and seed resolved
-    state: str = WAITING
-    step: int = 0
-    total: int = 0
-    position: int | None = None
-    batch_size: int = 0
-    message: str = ""
-    request_id: str | None = None
-    preview: object = None  # the latest preview (a PIL image, or a list of frames for video)
-    result: Completed | None = None
+    status: Status
+
+    @property
+    def state(self) -> str:
+        return self.status.state
+
+    @property
+    def step(self) -> int:
+        return self.status.step
+
+    @property
+    def total(self) -> int:
+        return self.status.total
+
+    @property
+    def position(self) -> int | None:
+        return self.status.position
+
+    @property
+    def batch_size(self) -> int:
+        return self.status.batch_size
+
+    @property
+    def message(self) -> str:
+        return self.status.message
+
+    @property
+    def request_id(self) -> str | None:
+        return self.status.request_id
+
+    @property
+    def preview(self) -> object:
+        """The latest preview (a PIL image, or a list of frames for video)."""
+        return self.status.preview
+
+    @property
+    def result(self) -> Completed | None:
+        return self.status.result
 
     @property
     def is_finished(self) -> bool:
-        return self.state in TERMINAL
+        return self.status.is_final
 
 
 @dataclass(frozen=True)
-class NodeView:
+class NodeRunState:
+    """A workflow node's part in a run (what the editor colours the node by)."""
+
     state: str  # "idle" | "waiting" | "running" | "done" | "cancelled" | "error"
     done: int  # branches of this node that ended
     total: int
@@ -96,7 +125,7 @@ class RunView:
     done: int
     total: int
     branches: tuple[BranchView, ...]
-    nodes: dict[str, NodeView]
+    nodes: dict[str, NodeRunState]
     grids: dict[str, Image.Image] = field(default_factory=dict)
 
     @property
@@ -104,20 +133,20 @@ class RunView:
         return self.state != RUNNING
 
 
-def node_state(branches: list[BranchView]) -> NodeView:
+def node_state(branches: list[BranchView]) -> NodeRunState:
     """A node's state from its branches: running while any is, then how they ended."""
     if not branches:
-        return NodeView("idle", 0, 0)
+        return NodeRunState("idle", 0, 0)
     states = [b.state for b in branches]
-    done = sum(state in TERMINAL for state in states)
+    done = sum(state in FINAL_STATES for state in states)
     if done < len(states):
         active = any(state in (QUEUED, RUNNING) for state in states)
-        return NodeView(RUNNING if active else WAITING, done, len(states))
+        return NodeRunState(RUNNING if active else WAITING, done, len(states))
     if FAILED in states:
-        return NodeView("error", done, len(states))
+        return NodeRunState("error", done, len(states))
     if ABORTED in states:
-        return NodeView("cancelled", done, len(states))
-    return NodeView("done", done, len(states))
+        return NodeRunState("cancelled", done, len(states))
+    return NodeRunState("done", done, len(states))
 
 
 def _random_sampler_seeds(compiled: CompiledWorkflow) -> dict[str, int]:
@@ -128,7 +157,7 @@ def _random_sampler_seeds(compiled: CompiledWorkflow) -> dict[str, int]:
 
 
 class WorkflowRun:
-    def __init__(self, engine: Engine, compiled: CompiledWorkflow, session_id: str, preview_every: int = 0) -> None:
+    def __init__(self, engine: EngineClient, compiled: CompiledWorkflow, session_id: str, preview_every: int = 0) -> None:
         self.engine = engine
         self.compiled = compiled
         self.session_id = session_id
@@ -140,22 +169,22 @@ class WorkflowRun:
             try:
                 params = engine.prepare_params(with_run_settings(branch, seeds[branch.sampler], preview_every))
             except ValueError as exc:
-                node_id, port = branch.source_of(str(exc).split("=", 1)[0].split(" ", 1)[0])
+                # The refused field names the node and port that set it; other refusals, the sampler.
+                node_id, port = branch.source_of(exc.field) if isinstance(exc, ParamError) else (branch.sampler, None)
                 problems.append(Problem(f"branch {branch.index} ({branch.label}): {exc}", node_id, port))
                 continue
-            views.append(BranchView(branch, params, total=params.num_inference_steps))
+            views.append(BranchView(branch, params, Status.waiting(params)))
         if problems:
             raise WorkflowError(problems)
         # Written only on the run's event loop: each event replaces its branch's view.
         self.branches: list[BranchView] = views
-        self._handles: dict[int, RequestHandle] = {}
+        self._trackers: dict[int, RequestTracker] = {}  # the submitted branches
         self._next_to_submit = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inbox: asyncio.Queue | None = None
         self._lock = threading.Lock()  # cancels may come from other threads
         self._cancel_requests: list[int | None] = []  # None = the whole run
         self._grid_cache: dict[str, tuple[int, Image.Image]] = {}
-        self._told: set[int] = set()  # branches whose engine request was asked to cancel (once each)
         self._waiting_counted = 0  # this run's share of the engine's branches-waiting gauge
 
     # ------------------------------------------------------------------ control (any thread)
@@ -174,12 +203,12 @@ class WorkflowRun:
         with self._lock:
             self._cancel_requests.append(index)
             loop, inbox = self._loop, self._inbox
-            submitted = [i for i in self._handles if (index is None or i == index) and i not in self._told]
-            self._told.update(submitted)
-        # Submitted branches are told at once (non-blocking), so the engine stops them at its next
-        # step boundary whatever the run's own loop is doing; the loop marks the waiting ones.
-        for i in submitted:
-            self._handles[i].cancel()
+            submitted = [tracker for i, tracker in self._trackers.items() if index is None or i == index]
+        # Submitted branches are told at once (non-blocking; each tracker asks the engine once), so
+        # the engine stops them at its next step boundary whatever the run's own loop is doing; the
+        # loop marks the waiting ones.
+        for tracker in submitted:
+            tracker.cancel()
         if loop is not None and inbox is not None:
             try:
                 loop.call_soon_threadsafe(inbox.put_nowait, ("wake", None))
@@ -198,6 +227,7 @@ class WorkflowRun:
             self._apply_cancels()
             self._submit_more(inbox, listeners)
             self._count_waiting()
+            await self._draw_grids()
             yield self.view()
             while not all(b.is_finished for b in self.branches):
                 kind, payload = await inbox.get()
@@ -207,21 +237,21 @@ class WorkflowRun:
                 self._apply_cancels()
                 self._submit_more(inbox, listeners)
                 self._count_waiting()
+                await self._draw_grids()
                 yield self.view()
         finally:
             self._count_waiting(ended=True)
             with self._lock:
                 self._loop = self._inbox = None
-            for index, handle in self._handles.items():
-                if not self.branches[index].is_finished:
-                    handle.cancel()  # non-blocking; a no-op for ended requests
+            for tracker in self._trackers.values():
+                tracker.cancel()  # non-blocking; a no-op for ended or already cancelled requests
             for task in listeners:
                 task.cancel()
 
     def _apply(self, kind: str, payload) -> None:
-        if kind == "event":
-            index, event = payload
-            self.branches[index] = self._after(self.branches[index], event)
+        if kind == "status":
+            index, status = payload
+            self.branches[index] = replace(self.branches[index], status=status)
 
     def _apply_cancels(self) -> None:
         with self._lock:
@@ -231,15 +261,11 @@ class WorkflowRun:
             for i in targets:
                 if self.branches[i].is_finished:
                     continue
-                handle = self._handles.get(i)
-                if handle is None:  # still in the run's own queue: it never reaches the engine
-                    self.branches[i] = replace(self.branches[i], state=ABORTED, message="cancelled before it started")
-                else:
-                    with self._lock:  # submitted after the cancel was asked: tell the engine now
-                        told = i in self._told
-                        self._told.add(i)
-                    if not told:
-                        handle.cancel()  # the engine's Aborted event ends it at the next step boundary
+                tracker = self._trackers.get(i)
+                if tracker is None:  # still in the run's own queue: it never reaches the engine
+                    self._stop(i, ABORTED, "cancelled before it started")
+                else:  # submitted after the cancel was asked: tell the engine now (once)
+                    tracker.cancel()  # the engine's Aborted event ends it at the next step boundary
 
     def _count_waiting(self, ended: bool = False) -> None:
         """Bring this run's share of the engine's gauge of waiting branches up to date (to 0 once
@@ -262,47 +288,34 @@ class WorkflowRun:
             except EngineClosedError as exc:
                 for i in range(self._next_to_submit, len(self.branches)):
                     if not self.branches[i].is_finished:
-                        self.branches[i] = replace(self.branches[i], state=FAILED, message=str(exc))
+                        self._stop(i, FAILED, str(exc))
                 return
             except AdmissionError:
-                in_flight = any(self.branches[i].state in (QUEUED, RUNNING) for i in self._handles)
+                in_flight = any(self.branches[i].state in (QUEUED, RUNNING) for i in self._trackers)
                 if not in_flight:  # nothing of ours will finish to make room: look again shortly
                     asyncio.get_running_loop().call_later(RETRY_ADMISSION_S, inbox.put_nowait, ("wake", None))
                 return
             except ValueError as exc:  # prepared and checked already; only a changed server gets here
-                self.branches[self._next_to_submit] = replace(progress, state=FAILED, message=str(exc))
+                self._stop(self._next_to_submit, FAILED, str(exc))
                 self._next_to_submit += 1
                 continue
             index = progress.branch.index
-            with self._lock:  # cancels read the handles from other threads
-                self._handles[index] = handle
-            self.branches[index] = replace(progress, request_id=handle.request_id, state=QUEUED)
-            listeners.append(asyncio.ensure_future(self._listen(index, handle, inbox)))
+            tracker = RequestTracker(handle)
+            with self._lock:  # cancels read the trackers from other threads
+                self._trackers[index] = tracker
+            self.branches[index] = replace(progress, status=tracker.status)
+            listeners.append(asyncio.ensure_future(self._listen(index, tracker, inbox)))
             self._next_to_submit += 1
 
-    @staticmethod
-    async def _listen(index: int, handle: RequestHandle, inbox: asyncio.Queue) -> None:
-        async for event in handle.stream():
-            inbox.put_nowait(("event", (index, event)))
+    def _stop(self, index: int, state: str, message: str) -> None:
+        """End a branch the engine never had (cancelled while waiting, or refused)."""
+        self.branches[index] = replace(self.branches[index], status=self.branches[index].status.stopped(state, message))
 
     @staticmethod
-    def _after(view: BranchView, event) -> BranchView:
-        """The branch once `event` happened."""
-        if isinstance(event, Queued):
-            return replace(view, state=QUEUED, position=event.position)
-        if isinstance(event, Started):
-            return replace(view, state=RUNNING, position=None, batch_size=event.batch_size)
-        if isinstance(event, Progress):
-            return replace(view, state=RUNNING, position=None, step=event.step, total=event.total,
-                           batch_size=event.batch_size,
-                           preview=view.preview if event.preview is None else event.preview)
-        if isinstance(event, Completed):
-            return replace(view, state=COMPLETED, result=event, step=view.total)
-        if isinstance(event, Aborted):
-            return replace(view, state=ABORTED, message=event.reason)
-        if isinstance(event, Failed):
-            return replace(view, state=FAILED, message=event.message)
-        return view
+    async def _listen(index: int, tracker: RequestTracker, inbox: asyncio.Queue) -> None:
+        async for status, event in tracker.updates():
+            if event is not None:  # the first status (as submitted) is the branch's already
+                inbox.put_nowait(("status", (index, status)))
 
     # ------------------------------------------------------------------ views
     def view(self) -> RunView:
@@ -311,7 +324,7 @@ class WorkflowRun:
             for node_id, indices in self.compiled.node_branches.items()
         }
         states = [b.state for b in self.branches]
-        done = sum(state in TERMINAL for state in states)
+        done = sum(state in FINAL_STATES for state in states)
         if done < len(states):
             state = RUNNING
         elif all(s == COMPLETED for s in states):
@@ -324,7 +337,24 @@ class WorkflowRun:
 
     def _grids(self) -> dict[str, Image.Image]:
         """Each grid, drawn again only when one of its branches ended since the last drawing."""
-        grids = {}
+        for layout, finished, images, states in self._stale_grids():
+            self._grid_cache[layout.node_id] = (finished, render_grid(layout, images, states))
+        return {layout.node_id: self._grid_cache[layout.node_id][1] for layout in self.compiled.grids}
+
+    async def _draw_grids(self) -> None:
+        """Draw the stale grids in a worker thread (a grid of full-size images would stall the
+        event loop), so the next view finds them drawn."""
+        stale = self._stale_grids()
+        if stale:
+            drawn = await asyncio.to_thread(
+                lambda: [render_grid(layout, images, states) for layout, _, images, states in stale])
+            for (layout, finished, _, _), image in zip(stale, drawn):
+                self._grid_cache[layout.node_id] = (finished, image)
+
+    def _stale_grids(self) -> list[tuple]:
+        """(layout, branches ended, their images, every cell's word) of each grid one of whose
+        branches ended since its last drawing."""
+        stale = []
         for layout in self.compiled.grids:
             members = [i for row in layout.cells for i in row if i is not None]
             finished = sum(self.branches[i].is_finished for i in members)
@@ -332,10 +362,8 @@ class WorkflowRun:
             if cached is None or cached[0] != finished:
                 images = {i: result_image(self.branches[i]) for i in members if self.branches[i].result}
                 states = {i: cell_word(self.branches[i]) for i in members}
-                cached = (finished, render_grid(layout, images, states))
-                self._grid_cache[layout.node_id] = cached
-            grids[layout.node_id] = cached[1]
-        return grids
+                stale.append((layout, finished, images, states))
+        return stale
 
 
 def result_image(progress: BranchView) -> Image.Image | None:

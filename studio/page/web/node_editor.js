@@ -3,7 +3,8 @@
  * The node types (ports, types, fields) come from Python (`props.node_types`), so the palette,
  * the typed-port checks and the compiler agree. The editor keeps the component's value equal to
  * the workflow JSON (version 1, see studio/workflows/format.py); Run fires the component's `submit`
- * event and Python streams the run back through the `run_state` prop.
+ * event and Python streams the run back through the `run_state` prop (each picture once: see
+ * mergeRun).
  *
  * Mounted from js_on_load:  StepStudioEditor.mount(element, props, trigger, watch)
  */
@@ -516,8 +517,21 @@
     }
 
     // ------------------------------------------------------------------ run state (from Python)
-    showRun(state) {
-      if (!state) return;
+    // Every update has every branch's state row, but a branch's preview only in the update where
+    // it is new (studio/page/run_state.py): a branch keeps its preview from the updates before.
+    mergeRun(update) {
+      const previous = this.runState;
+      if (!update.branches || !previous || previous.run_id !== update.run_id) return update;
+      const before = {};
+      for (const branch of previous.branches || []) before[branch.index] = branch;
+      const branches = update.branches.map((branch) => ("preview" in branch || !before[branch.index]
+        ? branch : { ...branch, preview: before[branch.index].preview }));
+      return { ...update, branches };
+    }
+
+    showRun(update) {
+      if (!update) return;
+      const state = this.mergeRun(update);
       this.runState = state;
       if (state.state === "invalid") { this.showProblems(state.problems || []); return; }
       const text = `${state.state.toUpperCase()} · ${state.done}/${state.total} branches` +
@@ -544,7 +558,10 @@
         else if (type === "image_output") this.showThumbs(live, branches, (b) => b.image, "sse-result");
         else if (type === "grid") {
           const grid = (state.grids || {})[nodeId];
-          if (grid) live.innerHTML = `<img class="sse-grid" src="${grid}" alt="X/Y grid">`;
+          if (grid && live.dataset.grid !== grid) {  // a new drawing (a file URL): fetched once
+            live.innerHTML = `<img class="sse-grid" src="${escapeHtml(grid)}" alt="X/Y grid">`;
+            live.dataset.grid = grid;
+          }
         }
       }
     }

@@ -1,0 +1,67 @@
+"""What a viewer may see of the engine's queue, as JSON for the `/queue` endpoint: another
+session's prompt only when the studio runs with `--show-prompts`, another session's request ids
+shortened, and no session ids at all (a viewer only learns which requests are its own). The
+page's queue table (studio.page.queue_view) follows the same rules.
+"""
+
+from __future__ import annotations
+
+import time
+
+from engine import EngineSnapshot, RequestView
+
+SHORT_ID_LEN = 8
+HIDDEN_PROMPT = "(hidden)"
+
+
+def short_id(request_id: str) -> str:
+    return request_id[:SHORT_ID_LEN]
+
+
+def visible_prompt(view: RequestView, viewer_session: str | None, show_prompts: bool) -> str:
+    if show_prompts or view.session_id == viewer_session:
+        return view.prompt
+    return HIDDEN_PROMPT
+
+
+def request_as_dict(view: RequestView, viewer_session: str | None, show_prompts: bool, now: float) -> dict:
+    """One request for the /queue API (no session ids)."""
+    return {
+        "request_id": view.request_id if view.session_id == viewer_session else short_id(view.request_id),
+        "mine": view.session_id == viewer_session,
+        "model": view.model,
+        "prompt": visible_prompt(view, viewer_session, show_prompts),
+        "state": view.state,
+        "step": view.step,
+        "total": view.total,
+        "position": view.position,
+        "waited_s": round(view.waited_s(now), 3),
+        "eta_s": None if view.eta_s is None else round(view.eta_s, 3),
+        "batch_mates": [short_id(mate) for mate in view.batch_mates],
+    }
+
+
+def snapshot_as_dict(
+    snapshot: EngineSnapshot, viewer_session: str | None, show_prompts: bool, now: float | None = None
+) -> dict:
+    """The whole snapshot for the /queue API: requests plus engine figures."""
+    stats = snapshot.stats
+    now = time.perf_counter() if now is None else now
+    return {
+        "requests": [request_as_dict(v, viewer_session, show_prompts, now) for v in snapshot.requests],
+        "engine": {
+            "mode": stats.mode,
+            "max_batch_requests": stats.max_batch_requests,  # requests per forward (a CFG request has 2 rows)
+            "max_batch": stats.max_batch_requests,  # the old name
+            "current_batch_size": stats.current_batch_size,
+            "steps_per_s": round(stats.steps_per_s, 3),
+            "forwards": stats.forwards,
+            "forwards_by_batch_size": {str(k): v for k, v in sorted(stats.forwards_by_batch_size.items())},
+            "finished": dict(stats.finished),
+            "stages": {
+                "encode_s": stats.stages.encode_s,
+                "denoise_step_s": stats.stages.denoise_step_s,
+                "decode_s": stats.stages.decode_s,
+            },
+        },
+    }
