@@ -122,6 +122,14 @@ def test_build_a_graph_with_the_mouse_run_it_and_cancel_one_branch(page, studio,
     drag_link(page, sampler, 1, preview, 1)     # images -> live preview
     drag_link(page, sampler, 1, grid, 1)        # images -> grid
     assert links(page) == 4
+    # A Sweep's output has the type of the setting it varies (its node type says so): set to steps,
+    # its link into the guidance input no longer fits and goes; set back, it links again.
+    page.select_option(f"#node-{sweep} select", "steps")
+    page.wait_for_function("() => document.querySelectorAll('.sse-canvas svg.connection').length === 3")
+    assert "the sweep now makes steps" in page.inner_text(".sse-message")
+    page.select_option(f"#node-{sweep} select", "guidance")
+    drag_link(page, sweep, 1, sampler, 6)
+    assert links(page) == 4
     workflow = editor_workflow(page)
     assert {(lk["from"]["port"], lk["to"]["port"]) for lk in workflow["links"]} == {
         ("prompt", "prompt"), ("values", "guidance"), ("images", "images")}

@@ -23,7 +23,7 @@ from studio.workflows.format import (
     json_bytes,
     parse_workflow,
 )
-from studio.workflows.nodes import node_type_specs
+from studio.workflows.nodes import NODE_TYPES, node_type_specs
 
 LIMITS = WorkflowLimits((ModelLimits(max_steps=100, max_size=256, size_multiple=16, schedulers=("euler", "ddim"),
                                      uses_negative_prompt=True),), max_branches=64)
@@ -394,7 +394,7 @@ def test_node_type_specs_describe_ports_fields_and_model_defaults():
     assert [p["name"] for p in specs["sampler"]["inputs"]] == [
         "prompt", "negative_prompt", "seed", "size", "steps", "guidance", "scheduler", "frames", "model"]
     assert specs["sampler"]["inputs"][0]["required"] is True
-    assert specs["sweep"]["outputs"] == [{"name": "values", "type": None}]
+    assert specs["sweep"]["outputs"] == [{"name": "values", "type": None, "typed_by": "param"}]
     assert specs["steps"]["fields"][0]["default"] == 28
     assert specs["seed"]["fields"][0]["default"] == -1
 
@@ -414,3 +414,26 @@ def test_a_model_that_names_its_sizes_refuses_the_others():
     swept = problems([PROMPT, SAMPLER, node("w", "sweep", param="size", values="64x64, 128x64")],
                      [TO_SAMPLER, link("w", "values", "s", "size")], limits=limits)
     assert swept == [("w", "values", "width=128, height=64 is not a size default makes: allowed is 64x64.")]
+
+
+def test_each_node_type_says_what_the_editor_draws_in_it_and_which_ports_a_field_types():
+    specs = {spec["name"]: spec for spec in node_type_specs()}
+    assert {name: spec["live_view"] for name, spec in specs.items() if spec["live_view"]} == {
+        "sampler": "branch_bars", "image_output": "results", "live_preview": "previews", "grid": "grid"}
+    assert specs["sweep"]["outputs"] == [{"name": "values", "type": None, "typed_by": "param"}]
+    assert specs["steps"]["outputs"] == [{"name": "steps", "type": "steps", "typed_by": None}]
+    sweep = NODE_TYPES["sweep"]
+    assert sweep.port_type(sweep.outputs[0], {"param": "steps"}) == "steps"
+    assert sweep.port_type(sweep.outputs[0], {"param": "model"}) == "model"
+    assert sweep.port_type(sweep.outputs[0], {"param": "prompt"}) is None  # prompts fan out through a Prompt list
+    assert sweep.port_type(sweep.outputs[0], {"param": "images"}) is None  # not a setting a sweep varies
+    assert sweep.port_type(sweep.outputs[0], {"param": 3}) is None
+
+
+def test_a_frame_count_above_the_servers_cap_is_shown_at_its_node_before_anything_runs():
+    video_limits = WorkflowLimits((ModelLimits(name="shapes-wan", max_steps=30, max_size=64, size_multiple=16,
+                                               uses_negative_prompt=False, makes_video=True, max_frames=9),))
+    found = problems([PROMPT, SAMPLER, node("f", "frames", frames=17)],
+                     [TO_SAMPLER, link("f", "frames", "s", "frames")], limits=video_limits)
+    assert [(f[0], f[1]) for f in found] == [("f", "frames")]
+    assert "num_frames=17" in found[0][2] and "9" in found[0][2]

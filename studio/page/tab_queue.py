@@ -14,14 +14,8 @@ from collections import OrderedDict
 
 from PIL import Image
 
-from studio.workflows.run import (
-    COMPLETED,
-    QUEUED,
-    RUNNING,
-    WAITING,
-    BranchView,
-    WorkflowRun,
-)
+from studio.tracker import COMPLETED, QUEUED, RUNNING, WAITING
+from studio.workflows.run import BranchView, WorkflowRun
 
 RESULTS_PER_TAB = 24
 TABS_KEPT = 512  # tabs whose results are kept in memory (the oldest go first)

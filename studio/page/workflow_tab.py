@@ -37,6 +37,7 @@ from studio.page.run_state import (
 from studio.server.server_compat import event_payload
 from studio.server.temp_files import TempFolder
 from studio.sessions import session_id_of
+from studio.tracker import ABORTED, COMPLETED
 from studio.user_errors import user_error
 from studio.workflows.compiler import (
     CompiledWorkflow,
@@ -51,7 +52,7 @@ from studio.workflows.format import (
 )
 from studio.workflows.nodes import node_type_specs
 from studio.workflows.registry import RunRegistry
-from studio.workflows.run import ABORTED, COMPLETED, BranchView, RunView, WorkflowRun
+from studio.workflows.run import BranchView, RunView, WorkflowRun
 
 REPO = Path(__file__).resolve().parents[2]
 WEB_DIR = Path(__file__).resolve().parent / "web"
@@ -83,6 +84,7 @@ def workflow_limits(engine: EngineClient, config: StudioOptions) -> WorkflowLimi
             name=name,
             max_steps=limits.max_steps,
             max_size=limits.max_size,
+            max_frames=limits.max_frames,
             size_multiple=max(info.size_multiple, 1),
             schedulers=tuple(info.schedulers),
             uses_negative_prompt=info.uses_negative_prompt,

@@ -41,7 +41,6 @@ from studio.workflows.nodes import (
     SAMPLER_INPUTS,
     PortType,
     Reading,
-    sweep_output_type,
 )
 
 DEFAULT_MAX_BRANCHES = 64
@@ -196,10 +195,9 @@ class _NodeReader:
 
 
 def output_type(node: Node, port_name: str) -> str | None:
-    port = NODE_TYPES[node.type].output(port_name)
-    if port is None:
-        return None
-    return sweep_output_type(node.values) if port.type is None else port.type
+    node_type = NODE_TYPES[node.type]
+    port = node_type.output(port_name)
+    return None if port is None else node_type.port_type(port, node.values)
 
 
 # ---------------------------------------------------------------------------- graph checks

@@ -247,8 +247,9 @@ def _read_sweep(values: dict[str, Any], reader: ValueReader) -> list[Reading]:
 @dataclass(frozen=True)
 class Port:
     name: str
-    type: str | None  # None: decided by the node's `param` value (the Sweep node)
+    type: str | None  # None: the value of the node's field `typed_by` is the type (the Sweep node)
     required: bool = False
+    typed_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -275,6 +276,9 @@ class NodeType:
     outputs: tuple[Port, ...] = ()
     fields: tuple[Field, ...] = ()
     read: Read | None = None  # the values it puts on its output (value and fan-out nodes)
+    # What the editor draws inside the node while a run goes: "branch_bars" (a step bar per
+    # branch), "previews" (each branch's latest preview), "results" (finished images), "grid".
+    live_view: str | None = None
 
     def input(self, name: str) -> Port | None:
         return next((port for port in self.inputs if port.name == name), None)
@@ -288,6 +292,15 @@ class NodeType:
 
     def default_values(self) -> dict[str, Any]:
         return {f.name: f.default for f in self.fields}
+
+    def port_type(self, port: Port, values: dict[str, Any]) -> str | None:
+        """A port's type: its own, or the value of the field that types it (None while that value is
+        not one of the field's choices)."""
+        if port.typed_by is None:
+            return port.type
+        field = next(f for f in self.fields if f.name == port.typed_by)
+        value = values.get(port.typed_by)
+        return value if isinstance(value, str) and value in field.choices else None
 
     def field_for(self, param: str) -> str | None:
         """The field that sets a GenerationParams field (None: no field of this node does)."""
@@ -344,7 +357,7 @@ NODE_TYPES: dict[str, NodeType] = {
                  fields=(Field("start", "int", 0, "First seed", sets=("seed",)), Field("count", "int", 4, "Count")),
                  read=_read_seed_batch),
         NodeType("sweep", "Sweep", "fan-out", "One branch per value of one setting.",
-                 outputs=(Port("values", None),),
+                 outputs=(Port("values", None, typed_by="param"),),
                  fields=(Field("param", "choice", PortType.GUIDANCE, "Setting", choices=SWEEPABLE),
                          Field("values", "text", "1, 3, 5", "Values",
                                help="comma separated; sizes as WIDTHxHEIGHT; models by name",
@@ -352,15 +365,15 @@ NODE_TYPES: dict[str, NodeType] = {
                  read=_read_sweep),
         NodeType("sampler", "Sampler", "sampler",
                  "Denoises one engine request per combination of its inputs' values.",
-                 inputs=SAMPLER_INPUTS, outputs=(Port(PortType.IMAGES, PortType.IMAGES),)),
+                 inputs=SAMPLER_INPUTS, outputs=(Port(PortType.IMAGES, PortType.IMAGES),), live_view="branch_bars"),
         NodeType("image_output", "Image output", "outputs", "The finished images of every branch.",
-                 inputs=(Port(PortType.IMAGES, PortType.IMAGES, required=True),)),
+                 inputs=(Port(PortType.IMAGES, PortType.IMAGES, required=True),), live_view="results"),
         NodeType("live_preview", "Live preview", "outputs", "Every branch's preview while it denoises.",
-                 inputs=(Port(PortType.IMAGES, PortType.IMAGES, required=True),)),
+                 inputs=(Port(PortType.IMAGES, PortType.IMAGES, required=True),), live_view="previews"),
         NodeType("grid", "Grid", "outputs", "An X/Y plot of the branches, labelled with the swept values.",
                  inputs=(Port(PortType.IMAGES, PortType.IMAGES, required=True),),
                  fields=(Field("x", "choice", "auto", "X axis", choices=GRID_AXES),
-                         Field("y", "choice", "auto", "Y axis", choices=GRID_AXES))),
+                         Field("y", "choice", "auto", "Y axis", choices=GRID_AXES)), live_view="grid"),
     )
 }
 
@@ -380,7 +393,8 @@ def node_type_specs(field_defaults: dict[str, dict[str, Any]] | None = None) -> 
             "category": node_type.category,
             "description": node_type.description,
             "inputs": [{"name": p.name, "type": p.type, "required": p.required} for p in node_type.inputs],
-            "outputs": [{"name": p.name, "type": p.type} for p in node_type.outputs],
+            "outputs": [{"name": p.name, "type": p.type, "typed_by": p.typed_by} for p in node_type.outputs],
+            "live_view": node_type.live_view,
             "fields": [{"name": f.name, "kind": f.kind, "default": overrides.get(f.name, f.default), "label": f.label,
                         "choices": list(f.choices), "help": f.help} for f in node_type.fields],
         })

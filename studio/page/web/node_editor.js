@@ -211,7 +211,7 @@
       const node = this.nodeData(id);
       const port = this.types[node.name].outputs[index];
       if (port.type) return port.type;
-      return node.data.param; // a Sweep's output is the setting it varies
+      return node.data[port.typed_by]; // e.g. a Sweep's output is the setting it varies
     }
 
     inputType(id, index) {
@@ -293,21 +293,29 @@
 
     onNodeData(id) {
       const node = this.nodeData(id);
-      if (node && node.name === "sweep") this.retypeSweep(id);
+      if (node && this.typedOutputs(node.name).length) this.retypeOutputs(id);
       this.changedSoon();
     }
 
-    retypeSweep(id) {
-      // The Sweep's output type follows its setting; links that no longer fit go.
+    typedOutputs(typeName) {
+      // The output ports whose type is a field's value (a Sweep's follows its setting).
+      return this.types[typeName].outputs.map((port, index) => ({ port, index })).filter((o) => o.port.typed_by);
+    }
+
+    retypeOutputs(id) {
+      // A typed output follows its field; links that no longer fit go.
       const el = this.nodeElement(id);
-      const type = this.outputType(id, 0);
-      this.markPort(el.querySelector(".outputs .output_1"), "values", type);
       const node = this.nodeData(id);
-      for (const conn of [...node.outputs.output_1.connections]) {
-        const inp = parseInt(conn.output.split("_")[1], 10) - 1;
-        if (this.inputType(conn.node, inp) !== type) {
-          this.df.removeSingleConnection(id, conn.node, "output_1", conn.output);
-          this.say(`Removed a link that no longer fits: the sweep now makes ${type}.`, "error");
+      for (const { port, index } of this.typedOutputs(node.name)) {
+        const key = `output_${index + 1}`;
+        const type = this.outputType(id, index);
+        this.markPort(el.querySelector(`.outputs .${key}`), port.name, type);
+        for (const conn of [...node.outputs[key].connections]) {
+          const inp = parseInt(conn.output.split("_")[1], 10) - 1;
+          if (this.inputType(conn.node, inp) !== type) {
+            this.df.removeSingleConnection(id, conn.node, key, conn.output);
+            this.say(`Removed a link that no longer fits: the ${this.types[node.name].title.toLowerCase()} now makes ${type}.`, "error");
+          }
         }
       }
     }
@@ -370,7 +378,9 @@
         const control = el.querySelector(`[df-${name}]`);
         if (control && control.value !== String(value)) control.value = value;
       }
-      if (node.name === "sweep") this.markPort(el.querySelector(".outputs .output_1"), "values", node.data.param);
+      for (const { port, index } of this.typedOutputs(node.name)) {
+        this.markPort(el.querySelector(`.outputs .output_${index + 1}`), port.name, node.data[port.typed_by]);
+      }
     }
 
     changed() {
@@ -552,11 +562,11 @@
         el.querySelector(".sse-badge").textContent = view.total ? `${view.state} ${view.done}/${view.total}` : "";
         const live = el.querySelector(".sse-live");
         const branches = (view.branches || []).map((i) => byIndex[i]).filter(Boolean);
-        const type = el.dataset.nodeType;
-        if (type === "sampler") this.showBranchBars(live, branches);
-        else if (type === "live_preview") this.showThumbs(live, branches, (b) => b.preview || b.image, "sse-preview");
-        else if (type === "image_output") this.showThumbs(live, branches, (b) => b.image, "sse-result");
-        else if (type === "grid") {
+        const liveView = this.types[el.dataset.nodeType].live_view;  // what the node type says it shows
+        if (liveView === "branch_bars") this.showBranchBars(live, branches);
+        else if (liveView === "previews") this.showThumbs(live, branches, (b) => b.preview || b.image, "sse-preview");
+        else if (liveView === "results") this.showThumbs(live, branches, (b) => b.image, "sse-result");
+        else if (liveView === "grid") {
           const grid = (state.grids || {})[nodeId];
           if (grid && live.dataset.grid !== grid) {  // a new drawing (a file URL): fetched once
             live.innerHTML = `<img class="sse-grid" src="${escapeHtml(grid)}" alt="X/Y grid">`;
