@@ -2,7 +2,7 @@
 
 - rows: model rows it puts in every forward (2 with true CFG: its negative row rides along);
 - tokens: latent positions per row, the grid the denoiser sees (grows with width x height x frames);
-- steps: denoise steps.
+- steps: denoise steps (a request that starts from an image runs only the last of them).
 
 A forward's cost is the sum of its rows' tokens, so `per_step` is what one request adds to a
 forward and `total` what it costs from admission to its image. The engine uses them for
@@ -71,4 +71,4 @@ def request_cost(pipeline: object, info: PipelineInfo, params: GenerationParams)
         rows, tokens = pipeline.forward_size(params)
     else:
         rows, tokens = estimated_forward_size(params, info)
-    return RequestCost(rows=rows, tokens=tokens, steps=params.num_inference_steps)
+    return RequestCost(rows=rows, tokens=tokens, steps=params.denoise_steps)

@@ -35,7 +35,7 @@ from engine.scheduler import Mode, Scheduler
 from engine.snapshot import EngineSnapshot, build_snapshot
 from pipelines.interface import PipelineInfo, StepPipeline, resolve_defaults
 from pipelines.params import GenerationParams
-from pipelines.validation import check_supported_size
+from pipelines.validation import check_image_inputs, check_supported_size
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +162,7 @@ class Engine:
             params = replace(params, seed=random.SystemRandom().randrange(_SEED_RANGE))
         pipeline.validate(params)
         check_supported_size(params, model, pipeline.info.supported_sizes)
+        check_image_inputs(params, model, pipeline.info.image_inputs)
         self._limits[model].check(params)
         return params
 

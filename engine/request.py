@@ -60,4 +60,4 @@ class Request:
 
     @property
     def total_steps(self) -> int:
-        return self.scheduled_steps or self.params.num_inference_steps
+        return self.scheduled_steps or self.params.denoise_steps

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
 from engine.scheduler import RowResult, RunnerOutput, SchedulerOutput
-from pipelines.interface import Batch, BatchedPromptEncoding, RequestState, StepPipeline
+from pipelines.interface import Batch, BatchedImageEncoding, BatchedPromptEncoding, RequestState, StepPipeline
 
 if TYPE_CHECKING:
     import torch
@@ -146,15 +146,23 @@ class ModelRunner:
     # ------------------------------------------------------------------ helpers
     def _encode_prompts_together(self, new) -> float:
         """Several requests join this step: their prompts go through the text encoders in one
-        call. Returns each request's share of that call's time (for the encode stage time)."""
+        call, and their init images (if two or more have one) through the VAE encoder in one
+        call per size. Returns each request's share of that time (for the encode stage time)."""
         pipeline = self.pipeline_of(new[0].params) if new else None  # joiners share the batch's model
-        if len(new) < 2 or not isinstance(pipeline, BatchedPromptEncoding):
+        if len(new) < 2:
             return 0.0
+        params = [request.params for request in new]
         started = time.perf_counter()
-        try:
-            pipeline.encode_prompts([request.params for request in new])
-        except Exception:  # noqa: BLE001 - each prepare_encode then encodes, and fails, on its own
-            log.warning("batched prompt encoding failed; encoding %d requests one by one", len(new), exc_info=True)
+        if isinstance(pipeline, BatchedPromptEncoding):
+            try:
+                pipeline.encode_prompts(params)
+            except Exception:  # noqa: BLE001 - each prepare_encode then encodes, and fails, on its own
+                log.warning("batched prompt encoding failed; encoding %d requests one by one", len(new), exc_info=True)
+        if isinstance(pipeline, BatchedImageEncoding) and sum(p.init_image is not None for p in params) >= 2:
+            try:
+                pipeline.encode_images(params)
+            except Exception:  # noqa: BLE001 - as above, one by one
+                log.warning("batched image encoding failed; encoding %d images one by one", len(new), exc_info=True)
         return (time.perf_counter() - started) / len(new)
 
     def _forward(self, rows: list[RequestState], costs: dict) -> tuple[dict, dict[str, RowResult]]:

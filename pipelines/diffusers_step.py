@@ -9,12 +9,24 @@ and says only what its model does differently, in the order of its diffusers `__
     _forward                   ONE denoiser forward over the rows of the CFG layout (pipelines/cfg.py)
     _vae_latents, _render_preview
 
+and, for requests that start from an image (a family lists what it takes in `image_inputs`):
+
+    _encode_images     ONE VAE encoder call over same-size init images (at join, cached by digest)
+    _image_latents     one request's image latents, sampled from its own generator
+    _noise             the request's raw noise; _noised_latents: the image noised to a timestep
+    _mask_latents      the mask on the latent grid, for the per-step inpaint blend
+
 The hooks every family must write are abstract methods: a family that misses one fails when
 it is made, not at its first request.
 
 This class owns the rest, once for every family: loading, the constructor, the prompt cache,
 per-request scheduler set-up (a deep copy of a pristine template), the CFG row layout and
-combine, the scheduler step, and the predicted x0 kept for previews.
+combine, the scheduler step, and the predicted x0 kept for previews; and for image-started
+requests diffusers' img2img/inpaint logic once: `get_timesteps` (the last steps of the
+schedule, from `start_step`), the initial latents = the image noised to the first of them,
+and after every step the inpaint blend of the unmasked part (diffusers' inpaint pipelines
+with a text-to-image denoiser: FluxInpaintPipeline, StableDiffusionInpaintPipeline on a
+4-channel UNet).
 """
 
 from __future__ import annotations
@@ -31,12 +43,15 @@ from typing import Any, Sequence
 import torch
 from PIL import Image
 
+from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+
 from pipelines.attention import select_attention_backend
 from pipelines.cfg import CfgLayout, Row, linear_guidance
 from pipelines.diffusers_api import check_relied_on
+from pipelines.image_encoding import ImageEncodingCache
 from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.loader import LoadOptions, load_diffusers_pipeline
-from pipelines.params import GenerationParams
+from pipelines.params import GenerationParams, start_step
 from pipelines.prompt_cache import BatchedPromptEncoder, PromptEmbeddingCache
 from pipelines.studio_config import StudioConfig, read_studio_config
 from pipelines.validation import check_image_params, check_scheduler_name
@@ -60,6 +75,13 @@ class RequestExtra:
     """Model-private per-request data (RequestState.extra); families add fields."""
 
     predicted_x0: torch.Tensor | None = None  # after the last step, kept only for previews
+    # Where the request's steps start in its scheduler's own arrays (sigmas): 0 from noise.
+    begin_index: int = 0
+    # Inpainting only: the init image's latents, the request's noise and the mask (1 = repaint),
+    # in the latents' layout, for the blend after every step.
+    image_latents: torch.Tensor | None = None
+    noise: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,6 +106,8 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
     label: str  # the model's name in error messages
     diffusers_class: type  # the diffusers pipeline from_pretrained loads
     output_kind = "image"
+    # The GenerationParams image fields this family takes (PipelineInfo.image_inputs).
+    image_inputs: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -108,6 +132,7 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
         # Pristine template: every request deep-copies it; nobody ever steps it.
         self._checkpoint_scheduler = copy.deepcopy(pipe.scheduler)
         self.prompt_cache = PromptEmbeddingCache(self._encode_texts)
+        self.image_cache = ImageEncodingCache(self._encode_images)
         self.attention_backend = select_attention_backend(self.denoiser, device, self.denoiser.dtype)
 
     @classmethod
@@ -148,6 +173,7 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
             size_multiple=size_multiple,
             schedulers=self.schedulers,
             supported_sizes=self.studio.sizes,
+            image_inputs=self.image_inputs,
             extras={
                 **extras,
                 "default_scheduler": self.default_scheduler or self.schedulers[0],
@@ -214,15 +240,19 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
         state.conditioning = self._conditioning(params)
         # The request's own scheduler, never shared; its own schedule from step 0.
         scheduler = copy.deepcopy(self._scheduler_template(params))
-        state.timesteps = self._set_timesteps(scheduler, params)
+        timesteps = self._set_timesteps(scheduler, params)
+        # From an image: only the schedule's last steps (diffusers' get_timesteps).
+        begin = 0 if params.init_image is None else self._start_step(params) * scheduler.order
         if hasattr(scheduler, "set_begin_index"):
-            scheduler.set_begin_index(0)
+            scheduler.set_begin_index(begin)
+        state.timesteps = timesteps[begin:] if begin else timesteps
         state.noise_scheduler = scheduler
         state.step_index = 0
         # The request's own generator: the same seed gives the same noise as the stock pipeline.
         state.generator = torch.Generator(device=self.device).manual_seed(params.seed)
         state.extra = self._request_extra(state)
-        state.latents = self._initial_latents(state)
+        state.extra.begin_index = begin
+        state.latents = self._initial_latents(state) if params.init_image is None else self._latents_from_image(state)
 
     def _scheduler_template(self, params: GenerationParams):
         return self._checkpoint_scheduler
@@ -238,6 +268,61 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
     def _initial_latents(self, state: RequestState) -> torch.Tensor:
         """The request's starting noise, from its own generator."""
 
+    # ------------------------------------------------------------------ starting from an image
+    def encode_images(self, params: Sequence[GenerationParams]) -> None:
+        """The init images of requests joining the same step, VAE-encoded together (per size)."""
+        with torch.no_grad():
+            self.image_cache.encode_many(params)
+
+    def _encode_images(self, images: list[Image.Image], height: int, width: int) -> list[Any]:
+        """ONE VAE encoder call over same-size images: each one's latent distribution."""
+        pixels = self.pipe.image_processor.preprocess(images, height=height, width=width)
+        moments = self.vae.encode(pixels.to(self.device, self.vae.dtype)).latent_dist.parameters
+        return [DiagonalGaussianDistribution(row) for row in moments.split(1)]
+
+    def _latents_from_image(self, state: RequestState) -> torch.Tensor:
+        """The init image's latents noised to the first timestep that runs; with a mask, what
+        the blend after each step needs is kept. The generator draws as diffusers': image, noise."""
+        params, extra = state.params, state.extra
+        image_latents = self._image_latents(state, self.image_cache.encode(params))
+        noise = self._noise(state)
+        if params.mask_image is not None:
+            extra.image_latents, extra.noise, extra.mask = image_latents, noise, self._mask_latents(state)
+        return self._noised_latents(state, image_latents, noise, state.timesteps[:1])
+
+    def _image_latents(self, state: RequestState, encoding: Any) -> torch.Tensor:
+        """The init image's latents in the layout of state.latents, sampled from the request's
+        own generator and normalized as the family's img2img pipeline does."""
+        raise NotImplementedError(f"{type(self).__name__} does not start from an image.")
+
+    def _start_step(self, params: GenerationParams) -> int:
+        """The first step a request from an init image runs (diffusers' `get_timesteps` t_start;
+        SD and SDXL round the other way and override this)."""
+        return start_step(params.num_inference_steps, params.strength)
+
+    def _noise(self, state: RequestState) -> torch.Tensor:
+        """The request's raw noise in the latents' layout (init_noise_sigma 1: the flow families)."""
+        return self._initial_latents(state)
+
+    def _noised_latents(self, state: RequestState, image_latents, noise, timestep: torch.Tensor) -> torch.Tensor:
+        """The image latents noised to `timestep` (shape [1]) by the request's own scheduler."""
+        return state.noise_scheduler.add_noise(image_latents, noise, timestep)
+
+    def _mask_latents(self, state: RequestState) -> torch.Tensor:
+        """The mask in the latents' layout, 1 = repaint, as the family's inpaint pipeline makes it."""
+        raise NotImplementedError(f"{type(self).__name__} does not inpaint.")
+
+    def _inpaint_blend(self, state: RequestState) -> torch.Tensor:
+        """After a step: the unmasked part back to the image, noised to the next timestep (the
+        clean image after the last step), as diffusers' inpaint loops do."""
+        extra = state.extra
+        keep = extra.image_latents
+        if not state.is_denoised:
+            next_timestep = state.timesteps[state.step_index : state.step_index + 1]
+            keep = self._noised_latents(state, keep, extra.noise, next_timestep)
+        return (1 - extra.mask) * keep + extra.mask * state.latents
+
+    # ------------------------------------------------------------------ forward
     @torch.no_grad()
     def denoise_step(self, batch: Batch) -> list[torch.Tensor]:
         return self._guided_forward(batch.states, self.denoiser)
@@ -267,6 +352,8 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
             state.extra.predicted_x0 = self._predicted_x0(state, latents, prediction, output)
         state.latents = output.prev_sample
         state.step_index += 1
+        if state.extra.mask is not None:
+            state.latents = self._inpaint_blend(state)
 
     @abc.abstractmethod
     def _predicted_x0(self, state: RequestState, latents, prediction, output) -> torch.Tensor | None:

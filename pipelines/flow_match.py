@@ -5,7 +5,8 @@ What flow matching adds to `DiffusersStepPipeline` (pipelines/diffusers_step.py)
   shifts assume it), named after its class;
 - the resolution-dependent shift `mu` of dynamic shifting, from the request's image tokens;
 - the predicted x0 for previews: x_t = (1 - sigma) x0 + sigma noise and v = noise - x0, so
-  x0 = x_t - sigma v (neither FlowMatchEuler nor flow UniPC returns pred_original_sample).
+  x0 = x_t - sigma v (neither FlowMatchEuler nor flow UniPC returns pred_original_sample);
+- an init image is noised with `scale_noise` (the same x_t), not the DDPM-type `add_noise`.
 """
 
 from __future__ import annotations
@@ -75,6 +76,11 @@ class FlowMatchStepPipeline(DiffusersStepPipeline):
             latents=packed, height=params.height, width=params.width, vae_scale_factor=self.vae_scale_factor
         )
 
+    def _noised_latents(self, state: RequestState, image_latents, noise, timestep: torch.Tensor) -> torch.Tensor:
+        """Flow matching: sigma * noise + (1 - sigma) * image, at the scheduler's current sigma."""
+        return state.noise_scheduler.scale_noise(image_latents, timestep, noise)
+
     def _predicted_x0(self, state: RequestState, latents, prediction, output) -> torch.Tensor:
-        sigma = state.noise_scheduler.sigmas[state.step_index].to(latents.device, latents.dtype)
+        index = state.extra.begin_index + state.step_index
+        sigma = state.noise_scheduler.sigmas[index].to(latents.device, latents.dtype)
         return latents - sigma * prediction

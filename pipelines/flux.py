@@ -7,7 +7,9 @@ pipelines/diffusers_step.py and pipelines/flow_match.py:
     texts            encode_prompt (CLIP pooled + T5) through the prompt cache; the negative
                      prompt too for true CFG
     timesteps        sigmas 1 .. 1/steps, shifted by this image size's `mu`
-    latents          prepare_latents from the request's own generator (packed 2x2)
+    latents          prepare_latents from the request's own generator (packed 2x2); from an
+                     init image as FluxImg2ImgPipeline (the image's VAE latents, sampled, then
+                     noise), with a mask as FluxInpaintPipeline (the blend is in the shared base)
     forward          ONE transformer forward for every row of the CFG layout
     post_decode      unpack, un-normalize, VAE decode, postprocess to PIL
 
@@ -29,6 +31,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 from diffusers import FluxPipeline
+from diffusers.image_processor import VaeImageProcessor
 from PIL import Image
 
 from pipelines.cfg import Row
@@ -67,6 +70,7 @@ class FluxStepPipeline(FlowMatchStepPipeline):
     family = "flux"
     label = "FLUX"
     diffusers_class = FluxPipeline
+    image_inputs = ("init_image", "mask_image")
 
     def __init__(self, pipe, device, name, studio: StudioConfig | None = None, scheduler: str | None = None) -> None:
         super().__init__(pipe, device, name, studio, scheduler)
@@ -79,6 +83,11 @@ class FluxStepPipeline(FlowMatchStepPipeline):
             default_length = tokenizer_limit
         self.max_sequence_length = text_length(self.studio, default_length, MAX_SEQUENCE_LENGTH, self.label)
         self.preview_projection = projection_for(self.vae, self.studio, self.vae_scale_factor)
+        # FluxInpaintPipeline's: the mask binarized at 0.5, on the packed grid.
+        self.mask_processor = VaeImageProcessor(
+            vae_scale_factor=self.vae_scale_factor * 2, vae_latent_channels=self.vae.config.latent_channels,
+            do_normalize=False, do_binarize=True, do_convert_grayscale=True,
+        )
         # Without stepstudio.json: FLUX.1-dev's recommended 28 steps at guidance 3.5; a schnell-style
         # model is distilled for 4 steps without CFG (guidance 0, as in diffusers' schnell example).
         size = pipe.default_sample_size * self.vae_scale_factor  # 1024 for FLUX.1
@@ -122,6 +131,26 @@ class FluxStepPipeline(FlowMatchStepPipeline):
             state, channels, state.conditioning.positive.embeds.dtype
         )
         return latents
+
+    # ------------------------------------------------------------------ from an init image
+    def _image_latents(self, state: RequestState, encoding) -> torch.Tensor:
+        """FluxImg2ImgPipeline's _encode_vae_image (a sample from the request's generator), packed."""
+        latents = encoding.sample(generator=state.generator)
+        latents = (latents - self.vae.config.shift_factor) * self.vae.config.scaling_factor
+        return self._packed(latents.to(self.device, state.conditioning.positive.embeds.dtype))
+
+    def _mask_latents(self, state: RequestState) -> torch.Tensor:
+        """FluxInpaintPipeline's prepare_mask_latents: nearest to the latent grid, every channel, packed."""
+        params = state.params
+        mask = self.mask_processor.preprocess(params.mask_image, height=params.height, width=params.width)
+        height, width = (2 * (side // (self.vae_scale_factor * 2)) for side in (params.height, params.width))
+        mask = torch.nn.functional.interpolate(mask, size=(height, width))
+        mask = mask.to(self.device, state.conditioning.positive.embeds.dtype)
+        return self._packed(mask.repeat(1, self.denoiser.config.in_channels // 4, 1, 1))
+
+    def _packed(self, latents: torch.Tensor) -> torch.Tensor:
+        batch, channels, height, width = latents.shape
+        return self.pipe._pack_latents(latents, batch, channels, height, width)
 
     # ------------------------------------------------------------------ forward
     def _forward(self, denoiser: torch.nn.Module, rows: Sequence[Row]) -> torch.Tensor:

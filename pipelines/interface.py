@@ -26,6 +26,14 @@ so requests with and without CFG, with any guidance scales, share a forward (CFG
 part of a batch key), and a lone CFG request is exactly diffusers' `cat([negative, positive])`.
 `denoise_step` still returns ONE guided prediction per request.
 
+Requests that start from an image (`GenerationParams.init_image`, `strength`, `mask_image`):
+prepare_encode gives them the schedule's last steps only (`state.timesteps` holds the steps
+that really run) and latents that start from the image, noised to the first of them; with a
+mask, step_scheduler puts the unmasked part back after every step. A pipeline names the image
+fields it takes in `PipelineInfo.image_inputs`; `validate` refuses the others. Optionally it
+also offers `encode_images(params)` (`BatchedImageEncoding`): the runner calls it with every
+request joining a step, so their init images share one VAE encoder call.
+
 Images and videos (`PipelineInfo.output_kind`): an image model's `post_decode` returns one
 image and its `preview` one small image; a video model's `post_decode` returns the video's
 frames, in order, and its `preview` a LIST of small frames (one per latent frame).
@@ -104,6 +112,9 @@ class ModelDefaults:
     num_frames: int = 1
     fps: int | None = None  # frames per second of a video model's output; None for images
     example_prompts: tuple[str, ...] = ()
+    # How much of the schedule a request with an init image runs when it does not say
+    # (diffusers' FluxImg2ImgPipeline and StableDiffusion3Img2ImgPipeline default).
+    strength: float = 0.6
 
 
 @dataclass(frozen=True)
@@ -120,6 +131,9 @@ class PipelineInfo:
     # The only (width, height) pairs served, when the model's card names them; empty: any size
     # that is a multiple of size_multiple (within the server's limits).
     supported_sizes: tuple[tuple[int, int], ...] = ()
+    # The GenerationParams image fields this model takes ("init_image", "mask_image"); empty:
+    # it makes media from text only.
+    image_inputs: tuple[str, ...] = ()
     # Stages drawn in the pipeline graph view, in order.
     stages: tuple[str, ...] = ("prompt", "encode", "denoise", "decode", "media")
     extras: dict[str, str] = field(default_factory=dict)
@@ -169,14 +183,30 @@ class BatchedPromptEncoding(Protocol):
         runner logs it and each prepare_encode encodes (and fails) on its own."""
 
 
+@runtime_checkable
+class BatchedImageEncoding(Protocol):
+    """Optional part of the protocol, for pipelines that VAE-encode init images."""
+
+    def encode_images(self, params: Sequence[GenerationParams]) -> None:
+        """VAE-encode the init images of these requests in as few calls as their sizes allow, so
+        their prepare_encode calls find them. An optimisation only, like `encode_prompts`."""
+
+
 def resolve_defaults(params: GenerationParams, defaults: ModelDefaults) -> GenerationParams:
-    """Fill the fields a user left unset with the model's defaults (the seed stays as given)."""
+    """Fill the fields a user left unset with the model's defaults (the seed stays as given).
+    A request with an init image takes the image's size, and the model's default strength."""
     from dataclasses import replace
 
+    image = params.init_image
+    width, height = (defaults.width, defaults.height) if image is None else image.size
+    strength = params.strength
+    if image is not None and strength is None:
+        strength = defaults.strength
     return replace(
         params,
-        width=defaults.width if params.width is None else params.width,
-        height=defaults.height if params.height is None else params.height,
+        width=width if params.width is None else params.width,
+        height=height if params.height is None else params.height,
+        strength=strength,
         num_inference_steps=(
             defaults.num_inference_steps if params.num_inference_steps is None else params.num_inference_steps
         ),

@@ -7,12 +7,23 @@ adds the server's configured caps (max steps, max size).
 
 Fields left as `None` mean "the model's default"; `StepPipeline.resolve_defaults`
 fills them in before the request is queued, so a queued request is always complete.
+
+A request may start from an image (image-to-image) and repaint only part of it (inpainting):
+`init_image` (PIL RGB), `strength` (0..1, diffusers' meaning: the last `steps * strength`
+steps run, from the matching timestep; see `start_step`) and `mask_image` (PIL "L", white =
+repaint). Equality, hashing and repr see the images' content digests, never their pixels;
+`__dict__` holds the constructor's fields only, so `GenerationParams(**p.__dict__)` still works.
+Treat the images as frozen too: a request's image is read when it runs.
+Without width/height, a request with an init image takes the image's size.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+
+from PIL import Image
 
 from pipelines.errors import ParamError
 
@@ -64,6 +75,29 @@ def _check_model(name: str, model: object) -> None:
                                f"got {model!r:.60}.")
 
 
+def _check_strength(name: str, strength: object) -> None:
+    if isinstance(strength, bool) or not isinstance(strength, (int, float)):
+        raise ParamError(name, f"strength must be a number in 0..1 or None, got {strength!r:.60}.")
+    if not math.isfinite(strength) or not 0.0 <= strength <= 1.0:
+        raise ParamError(name, f"strength={strength} is not allowed: use a number in 0..1 "
+                               "(0 keeps the image, 1 redraws it from noise).")
+
+
+def _image_in_mode(mode: str, meaning: str):
+    def check(name: str, image: object) -> None:
+        if not isinstance(image, Image.Image):
+            raise ParamError(name, f"{name} must be a PIL image ({meaning}) or None, got {type(image).__name__}.")
+        if image.mode != mode:
+            raise ParamError(name, f"{name} is a {image.mode!r} image; it must be {mode!r} ({meaning}): "
+                                   f"convert it with image.convert({mode!r}).")
+        for side, value in zip(("width", "height"), image.size):
+            if not MIN_SIZE <= value <= MAX_SIZE_ABSOLUTE:
+                raise ParamError(name, f"{name} is {image.width}x{image.height}; its {side} must be in "
+                                       f"{MIN_SIZE}..{MAX_SIZE_ABSOLUTE} pixels.")
+
+    return check
+
+
 def _integer_in(low: int, high: int):
     return lambda name, value: _check_int(name, value, low, high)
 
@@ -81,6 +115,9 @@ _FIELD_RULES = {
     "preview_every": _integer_in(0, MAX_STEPS_ABSOLUTE),
     "scheduler": _check_scheduler,
     "model": _check_model,
+    "init_image": _image_in_mode("RGB", "the picture to start from"),
+    "strength": _check_strength,
+    "mask_image": _image_in_mode("L", "white = repaint, black = keep"),
 }
 _REQUIRED = ("prompt", "preview_every")
 
@@ -91,6 +128,25 @@ def check_field(name: str, value: object) -> None:
     if value is None and name not in _REQUIRED:
         return
     _FIELD_RULES[name](name, value)
+
+
+def image_digest(image: Image.Image) -> str:
+    """What identifies an image's content: its size and a hash of its mode and pixels."""
+    digest = hashlib.sha256(f"{image.mode}{image.size}".encode())
+    digest.update(image.tobytes())
+    return f"{image.width}x{image.height}:{digest.hexdigest()[:24]}"
+
+
+def start_step(num_inference_steps: int, strength: float) -> int:
+    """The index of the first step a request that starts from an image runs: diffusers'
+    `get_timesteps`, float arithmetic included: the steps that run are steps * strength rounded
+    UP (10 steps at 0.25 start at step 7, so 3 run; at 0.01, 1 runs; at 0, none)."""
+    init_steps = min(num_inference_steps * strength, num_inference_steps)
+    return int(max(num_inference_steps - init_steps, 0))
+
+
+def _request_size_text(width: int | None, height: int | None, image: Image.Image) -> str:
+    return f"{image.width if width is None else width}x{image.height if height is None else height}"
 
 
 @dataclass(frozen=True)
@@ -109,10 +165,69 @@ class GenerationParams:
     scheduler: str | None = None
     # Which loaded model makes it (None = the engine's default model; the engine fills it in).
     model: str | None = None
+    # Start from this picture (PIL RGB, the request's size) instead of pure noise.
+    init_image: Image.Image | None = field(default=None, repr=False, compare=False)
+    # How much of the schedule runs on the init image (0..1); None = the model's default.
+    strength: float | None = None
+    # Repaint only the white part of the init image (PIL "L", the same size).
+    mask_image: Image.Image | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for item in fields(self):
             check_field(item.name, getattr(self, item.name))
+        self._check_images()
+
+    # The images' content digests stand in for their pixels in equality, hashing and repr.
+    @property
+    def init_image_digest(self) -> str | None:
+        return None if self.init_image is None else image_digest(self.init_image)
+
+    @property
+    def mask_image_digest(self) -> str | None:
+        return None if self.mask_image is None else image_digest(self.mask_image)
+
+    def _identity(self) -> tuple:
+        values = tuple(getattr(self, item.name) for item in fields(self) if item.compare)
+        return values + (self.init_image_digest, self.mask_image_digest)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._identity() == other._identity()
+
+    def __hash__(self) -> int:
+        return hash(self._identity())
+
+    def __repr__(self) -> str:
+        shown = [f"{item.name}={getattr(self, item.name)!r}" for item in fields(self) if item.repr]
+        shown += [f"{name}=<{digest}>" for name, digest in (("init_image", self.init_image_digest),
+                                                             ("mask_image", self.mask_image_digest)) if digest]
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+    def _check_images(self) -> None:
+        """A mask needs an image, and both have the request's size (when it is given)."""
+        image, mask = self.init_image, self.mask_image
+        if mask is not None and image is None:
+            raise ParamError("mask_image", "mask_image needs an init_image: a mask says which part of an image "
+                                           "to repaint.")
+        if image is None:
+            return
+        wanted = _request_size_text(self.width, self.height, image)
+        if wanted != f"{image.width}x{image.height}":
+            raise ParamError("init_image", f"init_image is {image.width}x{image.height}; this request is {wanted}: "
+                                           f"resize it or ask for {image.width}x{image.height}.")
+        if mask is not None and mask.size != image.size:
+            raise ParamError("mask_image", f"mask_image is {mask.width}x{mask.height}; init_image is "
+                                           f"{image.width}x{image.height}: they must be the same size.")
+
+    @property
+    def denoise_steps(self) -> int | None:
+        """The denoise steps this request runs (before the noise scheduler's own extras, e.g.
+        PNDM's one more): all of them from noise, the last ones from an init image."""
+        steps = self.num_inference_steps
+        if steps is None or self.init_image is None or self.strength is None:
+            return steps
+        return steps - start_step(steps, self.strength)
 
     @property
     def is_complete(self) -> bool:

@@ -6,7 +6,12 @@ half is in pipelines/diffusers_step.py and pipelines/flow_match.py:
     texts            encode_prompt (Qwen2.5-VL) through the prompt cache; each text keeps its
                      own token count
     timesteps        sigmas 1 .. 1/steps, shifted by this image size's `mu`
-    latents          prepare_latents from the request's own generator (packed 2x2)
+    latents          prepare_latents from the request's own generator (packed 2x2); from an
+                     init image as QwenImageImg2ImgPipeline: the image as a one-frame video
+                     through the VAE (a sample from the same generator), normalized with the
+                     VAE's latents_mean / latents_std, packed, noised by `scale_noise`
+    mask             as QwenImageInpaintPipeline: packed like the latents, blended after every
+                     step (in the shared base)
     forward          ONE transformer forward for every row of the CFG layout; `__call__` runs
                      the negative prompt as a second forward
     guide            CFG, then rescaled to the conditional prediction's norm, per row
@@ -27,6 +32,9 @@ from typing import Sequence
 
 import torch
 from diffusers import QwenImagePipeline
+from diffusers.image_processor import VaeImageProcessor
+from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+from diffusers.utils.torch_utils import randn_tensor
 from PIL import Image
 
 from pipelines.cfg import Row
@@ -73,6 +81,7 @@ class QwenImageStepPipeline(FlowMatchStepPipeline):
     family = "qwen-image"
     label = "Qwen-Image"
     diffusers_class = QwenImagePipeline
+    image_inputs = ("init_image", "mask_image")
 
     def __init__(self, pipe, device, name, studio: StudioConfig | None = None, scheduler: str | None = None) -> None:
         if pipe.transformer.config.guidance_embeds:
@@ -83,6 +92,11 @@ class QwenImageStepPipeline(FlowMatchStepPipeline):
         super().__init__(pipe, device, name, studio, scheduler)
         self.vae_scale_factor = pipe.vae_scale_factor
         self.preview_projection = wan_vae_projection(self.vae, self.studio, self.vae_scale_factor)
+        # QwenImageInpaintPipeline's mask: grayscale, binarized at 0.5, on the packed grid.
+        self.mask_processor = VaeImageProcessor(
+            vae_scale_factor=self.vae_scale_factor * 2, vae_latent_channels=self.vae.config.z_dim,
+            do_normalize=False, do_binarize=True, do_convert_grayscale=True,
+        )
         size = pipe.default_sample_size * pipe.vae_scale_factor
         self.info = self._pipeline_info(
             self.studio.model_defaults(size, size, num_inference_steps=30, guidance_scale=4.0, negative_prompt=" "),
@@ -114,6 +128,41 @@ class QwenImageStepPipeline(FlowMatchStepPipeline):
     def _initial_latents(self, state: RequestState) -> torch.Tensor:
         channels = self.denoiser.config.in_channels // 4  # before 2x2 packing
         return self._stock_latents(state, channels, state.conditioning.positive.dtype)
+
+    # ------------------------------------------------------------------ from an init image
+    # (QwenImageImg2ImgPipeline's default strength, 0.6, is the shared default)
+    def _encode_images(self, images: list[Image.Image], height: int, width: int) -> list[DiagonalGaussianDistribution]:
+        """ONE encoder call of the video VAE, each picture a one-frame video [3, 1, H, W]."""
+        pixels = self.pipe.image_processor.preprocess(images, height=height, width=width)[:, :, None]
+        moments = self.vae.encode(pixels.to(self.device, self.vae.dtype)).latent_dist.parameters
+        return [DiagonalGaussianDistribution(row) for row in moments.split(1)]
+
+    def _image_latents(self, state: RequestState, encoding: DiagonalGaussianDistribution) -> torch.Tensor:
+        """_encode_vae_image (a sample from the request's generator, normalized), packed 2x2."""
+        latents = encoding.sample(generator=state.generator)  # [1, z, 1, h, w]
+        shape = (1, self.vae.config.z_dim, 1, 1, 1)
+        mean = torch.tensor(self.vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
+        std_inverse = 1.0 / torch.tensor(self.vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
+        latents = ((latents - mean) * std_inverse).to(self.device, state.conditioning.positive.dtype)
+        return self._packed(latents[:, :, 0])
+
+    def _mask_latents(self, state: RequestState) -> torch.Tensor:
+        """prepare_mask_latents: the binarized mask, nearest-resized to the latent grid, on every
+        channel, packed like the latents."""
+        params = state.params
+        height, width = (2 * (side // (self.vae_scale_factor * 2)) for side in (params.height, params.width))
+        mask = self.mask_processor.preprocess(params.mask_image, height=params.height, width=params.width)
+        mask = torch.nn.functional.interpolate(mask, size=(height, width))
+        # The inpaint pipeline also VAE-encodes the masked image with the request's generator
+        # (this transformer never reads it): draw that sample's noise too, as __call__ does.
+        randn_tensor((1, self.vae.config.z_dim, 1, height, width), generator=state.generator,
+                     device=self.device, dtype=self.vae.dtype)
+        mask = mask.to(self.device, state.conditioning.positive.dtype)
+        return self._packed(mask.repeat(1, self.denoiser.config.in_channels // 4, 1, 1))
+
+    def _packed(self, latents: torch.Tensor) -> torch.Tensor:
+        batch, channels, height, width = latents.shape
+        return self.pipe._pack_latents(latents, batch, channels, height, width)
 
     # ------------------------------------------------------------------ forward
     def _forward(self, denoiser: torch.nn.Module, rows: Sequence[Row]) -> torch.Tensor:

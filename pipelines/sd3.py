@@ -6,7 +6,9 @@ shared half is in pipelines/diffusers_step.py and pipelines/flow_match.py:
     texts            encode_prompt: two CLIPs + T5 joint text, and the negative prompt for CFG,
                      through the prompt cache
     timesteps        the checkpoint's shift (and this image size's `mu` if it shifts dynamically)
-    latents          prepare_latents from the request's own generator
+    latents          prepare_latents from the request's own generator; from an init image as
+                     StableDiffusion3Img2ImgPipeline, with a mask as StableDiffusion3InpaintPipeline
+                     (a 16-channel transformer: the blend after each step is in the shared base)
     forward          ONE joint-transformer forward for every row of the CFG layout
     post_decode      un-normalize, VAE decode, postprocess to PIL
 
@@ -23,6 +25,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 from diffusers import StableDiffusion3Pipeline
+from diffusers.image_processor import VaeImageProcessor
 
 from pipelines.cfg import Row
 from pipelines.diffusers_step import text_length
@@ -55,6 +58,7 @@ class SD3StepPipeline(FlowMatchStepPipeline):
     family = "sd3"
     label = "Stable Diffusion 3"
     diffusers_class = StableDiffusion3Pipeline
+    image_inputs = ("init_image", "mask_image")
 
     def __init__(self, pipe, device, name, studio: StudioConfig | None = None, scheduler: str | None = None) -> None:
         super().__init__(pipe, device, name, studio, scheduler)
@@ -62,6 +66,11 @@ class SD3StepPipeline(FlowMatchStepPipeline):
         self.patch_size = pipe.patch_size
         self.max_sequence_length = text_length(self.studio, DEFAULT_SEQUENCE_LENGTH, MAX_SEQUENCE_LENGTH, self.label)
         self.preview_projection = projection_for(self.vae, self.studio, self.vae_scale_factor)
+        # StableDiffusion3InpaintPipeline's: the mask binarized at 0.5.
+        self.mask_processor = VaeImageProcessor(
+            vae_scale_factor=self.vae_scale_factor, vae_latent_channels=self.vae.config.latent_channels,
+            do_normalize=False, do_binarize=True, do_convert_grayscale=True,
+        )
         size = pipe.default_sample_size * self.vae_scale_factor
         self.info = self._pipeline_info(
             # StableDiffusion3Pipeline's own defaults: 1024^2 for SD3, 28 steps, guidance 7.
@@ -103,6 +112,20 @@ class SD3StepPipeline(FlowMatchStepPipeline):
 
     def _initial_latents(self, state: RequestState) -> torch.Tensor:
         return self._stock_latents(state, self.denoiser.config.in_channels, state.conditioning.positive.embeds.dtype)
+
+    # ------------------------------------------------------------------ from an init image
+    def _image_latents(self, state: RequestState, encoding) -> torch.Tensor:
+        """StableDiffusion3Img2ImgPipeline's prepare_latents: a sample from the request's generator."""
+        latents = encoding.sample(generator=state.generator)
+        latents = (latents - self.vae.config.shift_factor) * self.vae.config.scaling_factor
+        return latents.to(self.device, state.conditioning.positive.embeds.dtype)
+
+    def _mask_latents(self, state: RequestState) -> torch.Tensor:
+        """StableDiffusion3InpaintPipeline's prepare_mask_latents: nearest to the latent grid."""
+        params = state.params
+        mask = self.mask_processor.preprocess(params.mask_image, height=params.height, width=params.width)
+        size = (params.height // self.vae_scale_factor, params.width // self.vae_scale_factor)
+        return torch.nn.functional.interpolate(mask, size=size).to(self.device, state.conditioning.positive.embeds.dtype)
 
     # ------------------------------------------------------------------ forward
     def _forward(self, denoiser: torch.nn.Module, rows: Sequence[Row]) -> torch.Tensor:

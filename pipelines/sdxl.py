@@ -8,6 +8,14 @@ conditioning share a forward; only the latent shape must match.
 Differences from `__call__`, on purpose: no refiner hand-off (`denoising_end`), no
 `guidance_rescale`, and original size / crop / target size are the request's own
 height and width with a (0, 0) crop, which is `__call__`'s default.
+
+From an init image and mask: as `StableDiffusionXLImg2ImgPipeline` and
+`StableDiffusionXLInpaintPipeline` (the step loop's part is SD's). Their added time ids are
+text-to-image's for a base checkpoint: the aesthetic-score ids replace the target size only
+when the pipeline's config says `requires_aesthetics_score` (the refiner, whose
+`StableDiffusionXLImg2ImgPipeline` folder this family does not load). The image latents are
+normalized with the VAE's latents_mean / latents_std when it has them, as img2img and every
+decode do (the inpaint pipeline scales only).
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ class StableDiffusionXLStepPipeline(StableDiffusionStepPipeline):
     label = "SDXL"
     diffusers_class = StableDiffusionXLPipeline
     default_guidance_scale = 5.0
+    default_strength = 0.3  # StableDiffusionXLImg2ImgPipeline's
     latent_rgb_factors = SDXL_LATENT_RGB_FACTORS
     latent_rgb_bias = SDXL_LATENT_RGB_BIAS
 
@@ -104,15 +113,32 @@ class StableDiffusionXLStepPipeline(StableDiffusionStepPipeline):
             "time_ids": torch.cat([row.state.extra.time_ids for row in rows]),
         }
 
-    # ---------------------------------------------------------------- decode
+    # ---------------------------------------------------------------- init image and decode
+    def _image_latents(self, state: RequestState, encoding) -> torch.Tensor:
+        """prepare_latents' VAE encoding (the VAE may run in float32): sampled, then normalized."""
+        latents = encoding.sample(generator=state.generator).to(self.device, self._latents_dtype(state))
+        statistics = self._latent_statistics(latents)
+        if statistics is None:
+            return self.vae.config.scaling_factor * latents
+        mean, std = statistics
+        return (latents - mean) * self.vae.config.scaling_factor / std
+
     def _vae_latents(self, state: RequestState) -> torch.Tensor:
         config = self.vae.config
         latents = state.latents.to(self.vae.dtype)
-        if getattr(config, "latents_mean", None) is not None and getattr(config, "latents_std", None) is not None:
-            mean = torch.tensor(config.latents_mean).view(1, 4, 1, 1).to(latents.device, latents.dtype)
-            std = torch.tensor(config.latents_std).view(1, 4, 1, 1).to(latents.device, latents.dtype)
-            return latents * std / config.scaling_factor + mean
-        return latents / config.scaling_factor
+        statistics = self._latent_statistics(latents)
+        if statistics is None:
+            return latents / config.scaling_factor
+        mean, std = statistics
+        return latents * std / config.scaling_factor + mean
+
+    def _latent_statistics(self, latents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The VAE's per-channel latents_mean and latents_std, when its config has both."""
+        config = self.vae.config
+        if getattr(config, "latents_mean", None) is None or getattr(config, "latents_std", None) is None:
+            return None
+        return tuple(torch.tensor(values).view(1, 4, 1, 1).to(latents.device, latents.dtype)
+                     for values in (config.latents_mean, config.latents_std))
 
     def _decoded(self, image: torch.Tensor) -> torch.Tensor:
         return image if self.pipe.watermark is None else self.pipe.watermark.apply_watermark(image)

@@ -7,23 +7,32 @@ pipelines/diffusers_step.py:
     texts            encode_prompt (CLIP) through the prompt cache; with CFG the negative
                      prompt too ("" when none, as __call__)
     timesteps        the request's OWN scheduler, picked by name (GenerationParams.scheduler)
-    latents          noise from the request's own generator x the scheduler's init_noise_sigma
+    latents          noise from the request's own generator x the scheduler's init_noise_sigma;
+                     from an init image as StableDiffusionImg2ImgPipeline: the image's VAE
+                     latents (a sample from the same generator), noised with `add_noise` to
+                     the first timestep that runs (`int(steps * strength)` of them)
+    mask             as StableDiffusionInpaintPipeline with a 4-channel UNet: after every step
+                     the unmasked latents go back to the image's, noised to the next timestep
+                     (the blend is in the shared base)
     forward          ONE UNet forward for every row of the CFG layout, each row's latents
                      scaled by its own scheduler
     post_decode      VAE decode, postprocess to PIL
 
 A request's image equals `StableDiffusionPipeline.__call__` with the same seed and settings
-(see tests/test_stable_diffusion_pipeline.py). Differences from `__call__`, on purpose:
+(see tests/test_stable_diffusion_pipeline.py), and from an image the img2img / inpaint
+pipeline's (tests/test_img2img_sd.py). Differences from `__call__`, on purpose:
 - The safety checker is not loaded (it is a separate model a local checkpoint often lacks,
   and offline it can't be fetched); images are returned as decoded, like `safety_checker=None`.
 - `guidance_rescale`, `clip_skip`, IP-adapters and `denoising_end` are not offered.
+- Inpainting blends the latents of a text-to-image UNet (4 input channels); the 9-channel
+  inpainting UNets (mask and masked image as extra input channels) are not offered.
 
 `pipelines/sdxl.py` extends this class for SDXL (pooled embeddings and added time ids).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -37,12 +46,18 @@ from diffusers import (
     StableDiffusionPipeline,
     UniPCMultistepScheduler,
 )
+from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils.torch_utils import randn_tensor
 
 from pipelines.cfg import Row
 from pipelines.diffusers_step import DiffusersStepPipeline, RequestExtra
+from pipelines.errors import ParamError
 from pipelines.interface import RequestState
-from pipelines.latent_preview import LatentRgbProjection, projection_for, published_projection
+from pipelines.latent_preview import (
+    LatentRgbProjection,
+    projection_for,
+    published_projection,
+)
 from pipelines.params import GenerationParams
 from pipelines.prompt_cache import split_rows
 from pipelines.studio_config import StudioConfig
@@ -105,7 +120,9 @@ class StableDiffusionStepPipeline(DiffusersStepPipeline):
     family = "stable-diffusion"
     label = "Stable Diffusion"
     diffusers_class = StableDiffusionPipeline
+    image_inputs = ("init_image", "mask_image")
     default_guidance_scale = 7.5
+    default_strength = 0.8  # StableDiffusionImg2ImgPipeline's
     latent_rgb_factors = SD_LATENT_RGB_FACTORS
     latent_rgb_bias = SD_LATENT_RGB_BIAS
 
@@ -123,9 +140,14 @@ class StableDiffusionStepPipeline(DiffusersStepPipeline):
             sample_size = sample_size[0]
         size = sample_size * self.vae_scale_factor
         self.preview_projection = self._preview_projection()
+        # The inpaint pipelines' mask: grayscale, binarized at 0.5, not normalized to -1..1.
+        self.mask_processor = VaeImageProcessor(
+            vae_scale_factor=self.vae_scale_factor, do_normalize=False, do_binarize=True, do_convert_grayscale=True
+        )
+        defaults = self.studio.model_defaults(size, size, num_inference_steps=30,
+                                              guidance_scale=self.default_guidance_scale)
         self.info = self._pipeline_info(
-            self.studio.model_defaults(size, size, num_inference_steps=30, guidance_scale=self.default_guidance_scale),
-            size_multiple=self.vae_scale_factor,
+            replace(defaults, strength=self.default_strength), size_multiple=self.vae_scale_factor
         )
         # The checkpoint's own scheduler by our name when it has one (SD 1.5's PNDM is "pndm").
         self.info.extras["default_scheduler"] = scheduler or _scheduler_name_of(pipe.scheduler)
@@ -142,6 +164,17 @@ class StableDiffusionStepPipeline(DiffusersStepPipeline):
 
     def batch_key(self, params: GenerationParams) -> UNetBatchKey:
         return UNetBatchKey(params.width, params.height)
+
+    def validate(self, params: GenerationParams) -> None:
+        super().validate(params)
+        steps, strength = params.num_inference_steps, params.strength
+        if params.init_image is not None and strength is not None and steps is not None \
+                and self._start_step(params) >= steps:
+            raise ParamError(
+                "strength",
+                f"strength={strength} with num_inference_steps={steps} runs no denoise step: "
+                f"{self.label} runs int(steps x strength) steps; raise the strength or the steps.",
+            )
 
     # ---------------------------------------------------------------- texts
     def _uses_cfg(self, params: GenerationParams) -> bool:
@@ -173,12 +206,49 @@ class StableDiffusionStepPipeline(DiffusersStepPipeline):
         return UNetRequestExtra(timestep_cond=self._timestep_cond(state.params.guidance_scale))
 
     def _initial_latents(self, state: RequestState) -> torch.Tensor:
+        return self._noise(state) * state.noise_scheduler.init_noise_sigma  # read after set_timesteps
+
+    def _noise(self, state: RequestState) -> torch.Tensor:
         params = state.params
         shape = (1, self.unet.config.in_channels, params.height // self.vae_scale_factor,
                  params.width // self.vae_scale_factor)
-        dtype = self._embeds_of(state.conditioning.positive).dtype
-        noise = randn_tensor(shape, generator=state.generator, device=self.device, dtype=dtype)
-        return noise * state.noise_scheduler.init_noise_sigma  # read after set_timesteps
+        return randn_tensor(shape, generator=state.generator, device=self.device, dtype=self._latents_dtype(state))
+
+    def _latents_dtype(self, state: RequestState) -> torch.dtype:
+        return self._embeds_of(state.conditioning.positive).dtype  # __call__'s prompt_embeds.dtype
+
+    # ---------------------------------------------------------------- from an init image
+    def _start_step(self, params: GenerationParams) -> int:
+        """StableDiffusion(XL)Img2ImgPipeline's get_timesteps: int() BEFORE the subtraction, so
+        int(steps * strength) steps run (4 steps at 0.6: 2; FLUX and SD3 would run 3)."""
+        steps = params.num_inference_steps
+        return max(steps - min(int(steps * params.strength), steps), 0)
+
+    def _image_latents(self, state: RequestState, encoding) -> torch.Tensor:
+        """prepare_latents' VAE encoding: a sample from the request's generator, scaled."""
+        latents = self.vae.config.scaling_factor * encoding.sample(generator=state.generator)
+        return latents.to(self.device, self._latents_dtype(state))
+
+    def _noised_latents(self, state: RequestState, image_latents, noise, timestep: torch.Tensor) -> torch.Tensor:
+        params = state.params
+        if state.step_index == 0 and params.mask_image is not None and params.strength == 1.0:
+            # StableDiffusion(XL)InpaintPipeline at full strength starts from pure noise, as
+            # text-to-image does; its blends after each step still noise the image.
+            return noise * state.noise_scheduler.init_noise_sigma
+        return super()._noised_latents(state, image_latents, noise, timestep)
+
+    def _mask_latents(self, state: RequestState) -> torch.Tensor:
+        """prepare_mask_latents: the binarized mask, nearest-resized to the latent grid."""
+        params = state.params
+        height, width = params.height // self.vae_scale_factor, params.width // self.vae_scale_factor
+        mask = self.mask_processor.preprocess(params.mask_image, height=params.height, width=params.width)
+        mask = torch.nn.functional.interpolate(mask, size=(height, width))
+        # The inpaint pipeline also VAE-encodes the masked image with the request's generator
+        # (a 4-channel UNet never reads it): draw that sample's noise so that a stochastic
+        # scheduler's steps get the same random numbers as in __call__.
+        randn_tensor((1, self.vae.config.latent_channels, height, width), generator=state.generator,
+                     device=self.device, dtype=self.vae.dtype)
+        return mask.to(self.device, self._latents_dtype(state))
 
     # ---------------------------------------------------------------- forward
     def _forward(self, denoiser: torch.nn.Module, rows: Sequence[Row]) -> torch.Tensor:

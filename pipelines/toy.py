@@ -11,6 +11,12 @@ isolation catches it and the engine thread itself goes down (for testing that pa
 `max_forward_tokens` makes a forward with more latent tokens than that raise torch's
 OutOfMemoryError, as a device that is too small would.
 
+It starts from an init image as the real families do, in miniature: the image's "latents" are
+its 8x8 cell means (the inverse of its decode), noised with the flow-match scheduler to the
+first of the last `steps * strength` steps (`start_step`); with a mask, the unmasked cells go
+back to the image's latents (noised to the next step) after every step, and the decoded image
+takes the init image's own pixels wherever the mask is black.
+
 Use it from the command line with `python app.py --model toy`.
 """
 
@@ -29,7 +35,7 @@ from PIL import Image
 
 from pipelines.errors import ParamError
 from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
-from pipelines.params import GenerationParams
+from pipelines.params import GenerationParams, start_step
 from pipelines.prompt_cache import PromptEmbeddingCache
 
 LATENT_CHANNELS = 4
@@ -47,6 +53,27 @@ def prompt_embedding(prompt: str) -> torch.Tensor:
     digest = hashlib.sha256(prompt.encode()).digest()
     generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
     return torch.randn(LATENT_CHANNELS, generator=generator)
+
+
+@dataclass
+class ToyImageStart:
+    """What a request that starts from an image keeps between steps (RequestState.extra)."""
+
+    image_latents: torch.Tensor  # [C, h, w]: the init image's cell means
+    noise: torch.Tensor  # the request's noise, for re-noising the unmasked cells
+    mask: torch.Tensor | None  # [1, h, w], 1 = repaint (cells whose mean is at least half white)
+
+
+def image_latents(image: Image.Image) -> torch.Tensor:
+    """The inverse of the toy decode: 8x8 cell means of RGB mapped to [-2, 2], channel 4 zero."""
+    pixels = torch.from_numpy(np.asarray(image, dtype=np.float32)).permute(2, 0, 1)
+    cells = torch.nn.functional.avg_pool2d(pixels[None], SCALE)[0] * (4 / 255) - 2
+    return torch.cat([cells, torch.zeros_like(cells[:1])]).reshape(LATENT_CHANNELS, *cells.shape[1:])
+
+
+def mask_latents(mask: Image.Image) -> torch.Tensor:
+    cells = torch.nn.functional.avg_pool2d(torch.from_numpy(np.asarray(mask, dtype=np.float32))[None, None], SCALE)
+    return (cells[0] >= 127.5).float()
 
 
 class EngineCrash(BaseException):
@@ -82,6 +109,7 @@ class ToyPipeline:
             uses_negative_prompt=False,
             size_multiple=SCALE,
             schedulers=("flow-match-euler",),
+            image_inputs=("init_image", "mask_image"),
         )
         self._scheduler_template = FlowMatchEulerDiscreteScheduler()
         self.forward_log: list[tuple[str, ...]] = []  # request ids of each forward, in row order
@@ -123,7 +151,21 @@ class ToyPipeline:
         state.noise_scheduler.set_timesteps(params.num_inference_steps)
         state.timesteps = state.noise_scheduler.timesteps
         state.step_index = 0
+        if params.init_image is not None:
+            self._start_from_image(state)
         self.encoded.append(state.request_id)
+
+    def _start_from_image(self, state: RequestState) -> None:
+        params, scheduler, noise = state.params, state.noise_scheduler, state.latents
+        first = start_step(params.num_inference_steps, params.strength)
+        scheduler.set_begin_index(first)
+        state.timesteps = state.timesteps[first:]
+        start = ToyImageStart(
+            image_latents(params.init_image), noise,
+            None if params.mask_image is None else mask_latents(params.mask_image),
+        )
+        state.extra = start
+        state.latents = scheduler.scale_noise(start.image_latents[None], state.timesteps[:1], noise[None])[0]
 
     def denoise_step(self, batch: Batch) -> list[torch.Tensor]:
         for state in batch.states:
@@ -150,13 +192,23 @@ class ToyPipeline:
         out = state.noise_scheduler.step(prediction, state.current_timestep, state.latents, return_dict=False)
         state.latents = out[0]
         state.step_index += 1
+        start = state.extra
+        if isinstance(start, ToyImageStart) and start.mask is not None:
+            keep = start.image_latents
+            if not state.is_denoised:  # noised to the next step, as the scheduler now stands
+                keep = state.noise_scheduler.scale_noise(keep[None], state.current_timestep[None], start.noise[None])[0]
+            state.latents = (1 - start.mask) * keep + start.mask * state.latents
         if "[nan]" in state.params.prompt and state.step_index == 2:
             state.latents = state.latents * float("nan")
 
     def post_decode(self, state: RequestState) -> list[Image.Image]:
         _maybe_fail(state, "post_decode")
         self.decoded.append(state.request_id)
-        return [self._to_image(state.latents, SCALE)]
+        image = self._to_image(state.latents, SCALE)
+        params = state.params
+        if params.mask_image is not None:  # black in the mask: the init image's own pixels
+            image = Image.composite(image, params.init_image, params.mask_image.point(lambda v: 255 if v >= 128 else 0))
+        return [image]
 
     def preview(self, state: RequestState) -> Image.Image:
         return self._to_image(state.latents, 1)

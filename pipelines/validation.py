@@ -85,6 +85,20 @@ def check_size_and_scheduler(
         check_scheduler_name("scheduler", params.scheduler, schedulers)
 
 
+def check_image_inputs(params: GenerationParams, name: str, image_inputs: tuple[str, ...]) -> None:
+    """Image fields the model takes (PipelineInfo.image_inputs), and a strength that runs a step."""
+    for field_name in ("init_image", "mask_image"):
+        if getattr(params, field_name) is not None and field_name not in image_inputs:
+            takes = f"it takes {', '.join(image_inputs)}" if image_inputs else "it makes media from text only"
+            raise ParamError(field_name, f"{name} does not take {field_name}: {takes}.")
+    if params.init_image is not None and params.denoise_steps is not None and params.denoise_steps < 1:
+        raise ParamError(
+            "strength",
+            f"strength={params.strength} with num_inference_steps={params.num_inference_steps} runs no denoise "
+            "step: raise the strength or the steps (steps x strength is the number of steps that run).",
+        )
+
+
 def check_supported_size(params: GenerationParams, name: str, sizes: tuple[tuple[int, int], ...]) -> None:
     """The model's card names the only sizes it makes well: refuse the others, naming them."""
     check_size_in(params.width, params.height, name, sizes)

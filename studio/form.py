@@ -1,12 +1,18 @@
-"""The generate form as a caller filled it in (the page's fields, `/generate`'s inputs), read
-into the engine's GenerationParams: numbers sent as text are parsed, and a bad field is named."""
+"""The generate form as a caller filled it in (the page's fields, `/generate`'s and
+`/image_to_image`'s inputs), read into the engine's GenerationParams: numbers sent as text are
+parsed, and a bad field is named."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 from engine import EngineClient, GenerationParams
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 RANDOM_SEED = -1  # API value meaning "pick a random seed"
 
@@ -63,6 +69,12 @@ class FormValues:
     seed: object = RANDOM_SEED
     model: object = None  # a loaded model's name; None or "" = the default model
     num_frames: object = None  # video models; None or 0 = the model's default
+    # Image to image: the decoded picture to start from (RGB; the request takes its size when
+    # width and height are not given), how much is redrawn (0..1; None or "" = the model's
+    # default) and an optional mask ("L", white = repaint). See studio.api.uploaded_images.
+    init_image: "Image.Image | None" = None
+    strength: object = None
+    mask_image: "Image.Image | None" = None
 
     def model_name(self, engine: EngineClient) -> str:
         """The loaded model this form asks for (ValueError naming the loaded ones)."""
@@ -89,4 +101,7 @@ class FormValues:
             preview_every=preview_every,
             num_frames=frames or None,
             model=model,
+            init_image=self.init_image,
+            strength=number("strength", self.strength),
+            mask_image=self.mask_image,
         )

@@ -51,12 +51,12 @@ class Status:
     @classmethod
     def waiting(cls, params: GenerationParams) -> "Status":
         """A request its caller holds back (complete params: defaults and seed filled in)."""
-        return cls(None, WAITING, 0, params.num_inference_steps, None, 0, params.seed)
+        return cls(None, WAITING, 0, params.denoise_steps, None, 0, params.seed)
 
     @classmethod
     def submitted(cls, handle: RequestHandle) -> "Status":
         """A request the engine has just taken, before any event."""
-        return cls(handle.request_id, QUEUED, 0, handle.params.num_inference_steps, None, 0, handle.seed)
+        return cls(handle.request_id, QUEUED, 0, handle.params.denoise_steps, None, 0, handle.seed)
 
     @property
     def is_final(self) -> bool:

@@ -56,7 +56,8 @@ def test_a_text_plain_post_is_refused_and_never_runs(open_api):
 
 
 @pytest.mark.parametrize(("method", "path", "status", "allow"), [
-    ("GET", "/v1/images/edits", 404, None),
+    ("GET", "/v1/images/variations", 404, None),
+    ("GET", "/v1/images/edits", 405, "POST"),
     ("POST", "/v1/chat/completions", 404, None),
     ("DELETE", "/v1/nothing/here", 404, None),
     ("GET", "/v1/images/generations", 405, "POST"),

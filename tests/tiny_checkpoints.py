@@ -321,6 +321,36 @@ def build_tiny_sd3(folder: Path, studio_config: dict | None = None) -> Path:
     return _save(pipe, folder, studio_config)
 
 
+def build_tiny_sd3_16_channels(folder: Path, studio_config: dict | None = None) -> Path:
+    """build_tiny_sd3 with 16 latent channels, as real SD3: StableDiffusion3InpaintPipeline
+    takes only a 16-channel (or 33-channel inpainting) transformer."""
+    torch.manual_seed(0)
+    transformer = SD3Transformer2DModel(
+        sample_size=32, patch_size=2, in_channels=16, num_layers=2, attention_head_dim=8, num_attention_heads=4,
+        caption_projection_dim=32, joint_attention_dim=2 * TEXT_WIDTH, pooled_projection_dim=2 * TEXT_WIDTH,
+        out_channels=16,
+    )
+    torch.manual_seed(0)
+    vae = AutoencoderKL(
+        sample_size=32, in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(4, 8), layers_per_block=1, latent_channels=16,
+        norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035,
+    )
+    clip_tokenizer, t5_tokenizer = tiny_clip_tokenizer(), tiny_t5_tokenizer()
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=vae,
+        text_encoder=_clip(clip_tokenizer, CLIPTextModelWithProjection, seed=0),
+        tokenizer=clip_tokenizer,
+        text_encoder_2=_clip(clip_tokenizer, CLIPTextModelWithProjection, seed=1),
+        tokenizer_2=clip_tokenizer,
+        text_encoder_3=_t5(t5_tokenizer, 2 * TEXT_WIDTH),
+        tokenizer_3=t5_tokenizer,
+    )
+    return _save(pipe, folder, studio_config)
+
+
 def build_tiny_sd(folder: Path, studio_config: dict | None = None) -> Path:
     """Stable Diffusion 1.x-shaped, with SD 1.5's default scheduler (PNDM)."""
     tokenizer = tiny_clip_tokenizer()

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
+from studio.api.uploaded_images import MAX_UPLOAD_BYTES
+
 _KEY_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
@@ -16,6 +18,10 @@ _KEY_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 class HttpApiConfig:
     max_images_per_request: int = 8  # the largest `n`
     max_body_bytes: int = 64 * 1024  # a request body is a few prompts and numbers
+    # /v1/images/edits: the largest uploaded picture (image or mask; 400 naming it). Its body may
+    # carry two of them and the text fields: 2 x this + max_body_bytes (413 beyond). Pictures
+    # must also fit the model's size (studio.api.uploaded_images).
+    max_upload_bytes: int = MAX_UPLOAD_BYTES
     body_timeout_s: float = 10.0  # a body that has not fully arrived by then is refused (408)
     image_ttl_s: float = 3600.0  # how long a response_format="url" image stays fetchable
     image_store_max_files: int = 256
@@ -43,9 +49,9 @@ class HttpApiConfig:
 
     def __post_init__(self) -> None:
         for name in (
-            "max_images_per_request", "max_body_bytes", "image_store_max_files", "image_store_max_bytes",
-            "image_store_files_per_caller", "max_failed_keys", "video_store_max_jobs", "video_store_max_bytes",
-            "video_jobs_per_caller", "video_poll_after_ms",
+            "max_images_per_request", "max_body_bytes", "max_upload_bytes", "image_store_max_files",
+            "image_store_max_bytes", "image_store_files_per_caller", "max_failed_keys", "video_store_max_jobs",
+            "video_store_max_bytes", "video_jobs_per_caller", "video_poll_after_ms",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -56,6 +62,11 @@ class HttpApiConfig:
         if not self.failed_key_delay_s >= 0:
             raise ValueError(f"failed_key_delay_s must be >= 0, got {self.failed_key_delay_s!r}.")
         object.__setattr__(self, "api_keys", MappingProxyType(_named_keys(self.api_keys)))
+
+    @property
+    def max_upload_body_bytes(self) -> int:
+        """The edits route's body limit: two pictures (image, mask) and the text fields."""
+        return 2 * self.max_upload_bytes + self.max_body_bytes
 
 
 def _named_keys(api_keys: Mapping[str, str] | frozenset[str]) -> dict[str, str]:

@@ -15,7 +15,7 @@ import engine
 from pipelines.errors import ParamError
 
 # Request fields the API exposes under another name.
-_API_FIELD_OF = {"width": "size", "height": "size"}
+_API_FIELD_OF = {"width": "size", "height": "size", "init_image": "image", "mask_image": "mask"}
 
 
 class ApiError(Exception):
@@ -67,14 +67,17 @@ def from_validation_error(error: pydantic.ValidationError) -> ApiError:
     return invalid_value(f"{param}={shown} is not allowed: {first['msg']}.", param, code=code)
 
 
-def from_engine_value_error(error: ValueError) -> ApiError:
-    """Engine and pipeline checks (model limits, server caps) raise a ParamError naming its field."""
+def from_engine_value_error(error: ValueError, renamed: dict[str, str] | None = None) -> ApiError:
+    """Engine and pipeline checks (model limits, server caps) raise a ParamError naming its field.
+    `renamed`: fields this route exposes under another name than the usual one (the edits route
+    names a size that came from the uploaded image `image`)."""
     message = str(error)
     field = error.field if isinstance(error, ParamError) else None
-    known = field in _API_FIELD_OF or field in {
-        "prompt", "negative_prompt", "num_inference_steps", "guidance_scale", "seed", "num_frames"
+    names = {**_API_FIELD_OF, **(renamed or {})}
+    known = field in names or field in {
+        "prompt", "negative_prompt", "num_inference_steps", "guidance_scale", "seed", "num_frames", "strength"
     }
-    return invalid_value(message, _API_FIELD_OF.get(field, field) if known else None)
+    return invalid_value(message, names.get(field, field) if known else None)
 
 
 def from_admission_error(error: engine.AdmissionError) -> ApiError:
@@ -104,11 +107,9 @@ def invalid_api_key() -> ApiError:
     )
 
 
-def body_too_large(limit_bytes: int) -> ApiError:
+def body_too_large(limit_bytes: int, hint: str = "prompts are limited to a few thousand characters") -> ApiError:
     return ApiError(
-        413,
-        f"the request body is larger than this server's limit of {limit_bytes} bytes; "
-        "prompts are limited to a few thousand characters.",
+        413, f"the request body is larger than this server's limit of {limit_bytes} bytes; {hint}.",
         code="request_too_large",
     )
 

@@ -1,4 +1,5 @@
-"""The named gradio_client endpoints for single requests: `/generate`, `/cancel` and `/queue`.
+"""The named gradio_client endpoints for single requests: `/generate` (and `/generate_video`),
+`/image_to_image`, `/cancel` and `/queue`.
 
 (`/run_workflow` and `/cancel_workflow` live with the editor, in studio/page/workflow_tab.py.)
 Hidden components carry the endpoints' inputs and outputs, with no range clamping: the engine
@@ -6,18 +7,24 @@ validates, so API callers get the engine's own messages. Finished images are sav
 page's (studio.outputs), under the caller's session.
 
 Each request is followed with studio.tracker (its status dict is the tracker's `Status.as_dict()`);
-previews and results are encoded in a worker thread, never on the event loop.
+previews and results are encoded in a worker thread, never on the event loop. `/image_to_image`
+streams as `/generate` does, through the same code; its pictures arrive as Gradio file uploads
+(gradio_client's `handle_file`), which Gradio has already put in its upload cache (it refuses
+paths a client names elsewhere), and are decoded within studio.api.uploaded_images' limits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
+from pathlib import Path
 from typing import AsyncIterator
 
 import gradio as gr
 
 from engine import EngineClient
+from studio.api.uploaded_images import MAX_UPLOAD_BYTES, as_init_image, check_same_size, mask_from_white, open_upload
 from studio.config import StudioOptions
 from studio.form import RANDOM_SEED, FormValues
 from studio.media import animated_gif, final_media, model_fps, preview_image
@@ -39,6 +46,9 @@ def wire_api_endpoints(engine: EngineClient, config: StudioOptions, store: Outpu
         _wire_generate(engine, config, store, image_models[0], "image")
     if video_models:
         _wire_generate(engine, config, store, video_models[0], "video")
+    takes_images = [name for name in image_models if "init_image" in engine.infos[name].image_inputs]
+    if takes_images:
+        _wire_image_to_image(engine, config, store, takes_images[0])
     _wire_cancel_and_queue(engine, config)
 
 
@@ -73,23 +83,8 @@ def _wire_generate(engine: EngineClient, config: StudioOptions, store: OutputSto
                        request: gr.Request = None):
         session = session_id_of(request)
         form = FormValues(prompt, negative_prompt, width, height, steps, guidance_scale, seed, model, num_frames)
-        updates = follow_request(engine, form, session, config.preview_every, makes=kind)
-        shown_preview = None
-        async with contextlib.aclosing(updates):
-            async for now in updates:
-                # Every streamed tuple is (status, preview or None, media or None): a preview once
-                # when a new one came, the image or video once when it is done.
-                outputs: dict = {status: _status_dict(now), preview: None, media: None}
-                if now.preview is not None and now.preview is not shown_preview:
-                    shown_preview = now.preview
-                    outputs[preview] = await asyncio.to_thread(_preview, now.preview, config, now.request_id)
-                elif now.result is not None:
-                    fps = model_fps(engine.infos[now.result.params.model])
-                    outputs[media] = await asyncio.to_thread(final_media, now.result, fps)
-                    await save_quietly(store, now.result, store.owners.of_caller(session))
-                yield outputs
-                if now.state == FAILED:
-                    raise user_error(now.message, "Generation failed")
+        async for outputs in _streamed(engine, config, store, form, session, kind, (status, preview, media)):
+            yield outputs
 
     generate.__doc__ = (
         f"Generate one {kind}{' (frames: num_frames, 4k+1 for most video models)' if kind == 'video' else ''}: "
@@ -99,6 +94,90 @@ def _wire_generate(engine: EngineClient, config: StudioOptions, store: OutputSto
     trigger.click(generate, inputs=inputs, outputs=[status, preview, media],
                   api_name="generate" if kind == "image" else "generate_video", concurrency_limit=None,
                   preprocess=False)
+
+
+def _wire_image_to_image(engine: EngineClient, config: StudioOptions, store: OutputStore, example_model: str) -> None:
+    """`/image_to_image`: a picture (and an optional mask) redrawn after a prompt; streams
+    (status, preview, image) as /generate does."""
+    defaults = engine.infos[example_model].defaults
+    default_model = "" if example_model == engine.models.default else example_model
+    with gr.Column(visible=False):
+        trigger = gr.Button("api-image-to-image")
+        image = gr.Image(label="image", type="filepath")
+        prompt = gr.Textbox(label="prompt")
+        strength = gr.Number(label="strength (0..1: how much is redrawn)", value=defaults.strength)
+        mask = gr.Image(label="mask (optional: white = repaint, black = keep)", type="filepath", value=None)
+        negative = gr.Textbox(label="negative_prompt", value=defaults.negative_prompt or "")
+        steps = gr.Number(label="steps", value=defaults.num_inference_steps, precision=0)
+        guidance = gr.Number(label="guidance_scale", value=defaults.guidance_scale)
+        seed = gr.Number(label="seed (-1 = random)", value=RANDOM_SEED, precision=0)
+        model = gr.Textbox(label="model (empty: the default)", value=default_model)
+        status = gr.JSON(label="status")
+        preview = gr.Image(label="preview", format="jpeg", type="pil")
+        result = gr.Image(label="image", format="png", type="pil")
+
+    # mask=None in the signature makes it optional for gradio_client (it has no starting value).
+    async def image_to_image(image, prompt, strength, mask=None, negative_prompt=None, steps=None, guidance_scale=None,
+                             seed=None, model=None, request: gr.Request = None):
+        """Redraw a picture after a prompt (image to image); with a mask only its white part
+        (inpainting). The image's size is the request's. Streams (status, preview, image) as
+        /generate does; cancel with /cancel and the request_id."""
+        session = session_id_of(request)
+        form = FormValues(prompt, negative_prompt, None, None, steps, guidance_scale, seed, model)
+        with engine_errors_as_gradio():
+            max_side = engine.limits_for(form.model_name(engine)).max_size
+            init_image, mask_image = await asyncio.to_thread(_uploaded_pictures, image, mask, max_side)
+        form = replace(form, init_image=init_image, strength=strength, mask_image=mask_image)
+        async for outputs in _streamed(engine, config, store, form, session, "image", (status, preview, result)):
+            yield outputs
+
+    trigger.click(image_to_image, inputs=[image, prompt, strength, mask, negative, steps, guidance, seed, model],
+                  outputs=[status, preview, result], api_name="image_to_image", concurrency_limit=None,
+                  preprocess=False)
+
+
+def _uploaded_pictures(image, mask, max_side: int):
+    """The decoded init image (RGB) and mask ("L", white = repaint) of an /image_to_image call.
+    With preprocess off, each arrives as Gradio's file data (a dict with the cached file's path)."""
+    image_path, mask_path = _file_path(image, "image"), _file_path(mask, "mask")
+    if image_path is None:
+        raise ValueError("image is required: send the picture to start from (gradio_client: handle_file(path)).")
+    picture = open_upload(image_path.read_bytes(), "init_image", max_side, MAX_UPLOAD_BYTES)
+    if mask_path is None:
+        return as_init_image(picture), None
+    mask_picture = open_upload(mask_path.read_bytes(), "mask_image", max_side, MAX_UPLOAD_BYTES)
+    check_same_size(picture, mask_picture)
+    return as_init_image(picture), mask_from_white(mask_picture)
+
+
+def _file_path(value, name: str) -> Path | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("path"), str):
+        raise ValueError(f"{name} must be a file (gradio_client: handle_file(path)), got {type(value).__name__}.")
+    return Path(value["path"])
+
+
+async def _streamed(engine: EngineClient, config: StudioOptions, store: OutputStore, form: FormValues, session: str,
+                    kind: str, components: tuple) -> AsyncIterator[dict]:
+    """One request's outputs as /generate streams them: (status, preview or None, media or None),
+    a preview once when a new one came, the image or video once when it is done."""
+    status, preview, media = components
+    updates = follow_request(engine, form, session, config.preview_every, makes=kind)
+    shown_preview = None
+    async with contextlib.aclosing(updates):
+        async for now in updates:
+            outputs: dict = {status: _status_dict(now), preview: None, media: None}
+            if now.preview is not None and now.preview is not shown_preview:
+                shown_preview = now.preview
+                outputs[preview] = await asyncio.to_thread(_preview, now.preview, config, now.request_id)
+            elif now.result is not None:
+                fps = model_fps(engine.infos[now.result.params.model])
+                outputs[media] = await asyncio.to_thread(final_media, now.result, fps)
+                await save_quietly(store, now.result, store.owners.of_caller(session))
+            yield outputs
+            if now.state == FAILED:
+                raise user_error(now.message, "Generation failed")
 
 
 def _status_dict(status: Status) -> dict:

@@ -1,6 +1,8 @@
 """The HTTP API: OpenAI-compatible image generation, the model list, health and Prometheus metrics.
 
     POST /v1/images/generations      OpenAI Images request -> PNG images (b64_json or url)
+    POST /v1/images/edits            OpenAI Images edit: a picture (and a mask) -> PNG images
+                                     (studio.api.edit_routes)
     GET  /v1/images/files/{name}     the PNGs behind response_format="url" (expire after a while)
     /v1/videos[...]                  OpenAI Videos jobs: create, retrieve, list, content, delete
                                      (studio.api.video_routes)
@@ -11,22 +13,18 @@
     any other /v1 path or method     404 / 405 in OpenAI's error shape
 
 `build_router(engine)` returns a FastAPI router the studio's app includes. Every request body
-must be JSON, is size-capped, must arrive within a time limit, and is validated with strict
-types before the engine sees it; errors come back in OpenAI's shape (see `studio.api.errors`).
-The `n` images of one call are `n` engine requests submitted together, so they share denoise
-forwards with each other and with everyone else's; each is followed by a studio.tracker
-`RequestTracker`. With API keys configured, every route but the image files and the health
-probe wants one, and wrong keys are slowed down per host (studio.api.callers).
+must be JSON (or, where files are uploaded, a multipart form a program sent), is size-capped, must
+arrive within a time limit, and is validated with strict types before the engine sees it; errors
+come back in OpenAI's shape (see `studio.api.errors`). The `n` images of one call are `n` engine
+requests submitted together (studio.api.image_results), so they share denoise forwards with each
+other and with everyone else's; each is followed by a studio.tracker `RequestTracker`. With API
+keys configured, every route but the image files and the health probe wants one, and wrong keys
+are slowed down per host (studio.api.callers).
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import io
-import time
-from dataclasses import replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import fastapi
 import pydantic
@@ -35,49 +33,22 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 import engine
-from pipelines.params import MAX_PROMPT_CHARS, MAX_SEED
 from studio.api import errors as http_errors
 from studio.api.callers import caller_session
 from studio.api.config import HttpApiConfig
+from studio.api.edit_routes import add_edit_routes
 from studio.api.errors import ApiError
 from studio.api.image_files import ImageFileStore
+from studio.api.image_requests import ImageGenerationRequest
+from studio.api.image_results import checked_n, images_response
 from studio.api.request_bodies import check_json_body, parse_size, read_body_in_time, resolve_model
 from studio.api.video_routes import add_video_routes
 from studio.server.throttle import FailedAttempts
-from studio.tracker import ABORTED, COMPLETED, FAILED, RequestTracker, Status
 
 if TYPE_CHECKING:
-    from PIL import Image
-
     from studio.outputs import OutputStore
 
 __all__ = ["HttpApiConfig", "ImageGenerationRequest", "build_router"]
-
-
-class ImageGenerationRequest(pydantic.BaseModel):
-    """OpenAI's `images.generate` body plus the diffusion controls it lacks."""
-
-    model_config = pydantic.ConfigDict(strict=True, extra="forbid")
-
-    prompt: str = pydantic.Field(min_length=1, max_length=MAX_PROMPT_CHARS)
-    model: str | None = pydantic.Field(default=None, max_length=256)
-    n: int | None = pydantic.Field(default=None, ge=1)  # the upper bound is the server's config
-    size: str | None = pydantic.Field(default=None, max_length=32)  # "WIDTHxHEIGHT" or "auto"
-    response_format: Literal["b64_json", "url"] | None = None
-    output_format: Literal["png"] | None = None
-    # OpenAI fields this server can't honour: accepted (common clients always send some of them)
-    # and ignored. Images are always PNG at the requested size; `user` is not used for anything.
-    user: str | None = pydantic.Field(default=None, max_length=256)
-    quality: str | None = pydantic.Field(default=None, max_length=32)
-    style: str | None = pydantic.Field(default=None, max_length=32)
-    background: str | None = pydantic.Field(default=None, max_length=32)
-    moderation: str | None = pydantic.Field(default=None, max_length=32)
-    output_compression: int | None = pydantic.Field(default=None, ge=0, le=100)
-    # Extensions (send them with the openai client's `extra_body=`).
-    negative_prompt: str | None = pydantic.Field(default=None, max_length=MAX_PROMPT_CHARS)
-    num_inference_steps: int | None = None  # checked against the server's range, which it names
-    guidance_scale: float | None = pydantic.Field(default=None, ge=0.0, le=100.0, allow_inf_nan=False)
-    seed: int | None = pydantic.Field(default=None, ge=0, le=MAX_SEED)
 
 
 def build_router(
@@ -178,6 +149,7 @@ def build_router(
             return error.to_response()
         return Response(engine_.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
+    add_edit_routes(router, engine_, config, caller, images)
     add_video_routes(router, engine_, config, caller, outputs)
     known = list(router.routes)
 
@@ -213,114 +185,14 @@ async def _generate_images(
     except pydantic.ValidationError as error:
         raise http_errors.from_validation_error(error) from None
     model = resolve_model(engine_, ask.model, "image", "/v1/images/generations")
-    n = 1 if ask.n is None else ask.n
-    # One caller can never have more images in flight than its session limit allows.
-    max_n = min(config.max_images_per_request, engine_.limits.max_per_session)
-    if n > max_n:
-        raise http_errors.invalid_value(f"n={n} is above this server's limit: allowed is 1..{max_n}.", "n")
+    n = checked_n(engine_, config, ask.n)
     width, height = parse_size(ask.size)
     try:
         engine_.limits_for(model).check_values(ask.num_inference_steps, width, height)  # this server's ranges first
-        params = engine.GenerationParams(
-            prompt=ask.prompt,
-            negative_prompt=ask.negative_prompt,
-            width=width,
-            height=height,
-            num_inference_steps=ask.num_inference_steps,
-            guidance_scale=ask.guidance_scale,
-            seed=ask.seed,
-            model=model,
-        )
+        params = ask.params(model, width, height)
     except ValueError as error:
         raise http_errors.from_engine_value_error(error) from None
-
-    trackers = _submit_all(engine_, params, n, session)
-    finals = await _wait_unless_disconnected(request, trackers)
-    if finals is None:  # the client left; nobody reads this
-        return Response(status_code=499)
-    for final in finals:
-        if final.state == FAILED:
-            raise http_errors.generation_failed(final.message, engine_failed=final.is_engine_failure)
-        if final.state == ABORTED:
-            if final.is_shutdown:
-                raise http_errors.shutting_down(final.message)
-            raise http_errors.generation_aborted(final.message)
-
-    data = []
-    for final in finals:
-        png = await asyncio.to_thread(_png_bytes, final.result.images[0])  # encoding must not stall the event loop
-        item: dict = {"seed": final.result.seed, "revised_prompt": None}
-        if ask.response_format == "url":
-            item["url"] = _image_url(request, config, images.put(png, owner=session))
-        else:
-            item["b64_json"] = base64.b64encode(png).decode("ascii")
-        data.append(item)
-    return JSONResponse({"created": int(time.time()), "data": data, "output_format": "png"})
-
-
-def _submit_all(
-    engine_: engine.EngineClient, params: engine.GenerationParams, n: int, session_id: str
-) -> list[RequestTracker]:
-    """Submit the n images back to back (seeds seed, seed+1, ...); all or none are queued."""
-    trackers: list[RequestTracker] = []
-    try:
-        for index in range(n):
-            # The first submission fills in the model defaults and draws the seed if none was given.
-            first = trackers[0].handle if trackers else None
-            this = params if first is None else replace(first.params, seed=first.seed + index)
-            trackers.append(RequestTracker(engine_.submit(this, session_id=session_id)))
-    except (ValueError, engine.AdmissionError) as error:
-        for tracker in trackers:
-            tracker.cancel()  # the call fails whole
-        if isinstance(error, ValueError):
-            raise http_errors.from_engine_value_error(error) from None
-        raise http_errors.from_admission_error(error) from None
-    return trackers
-
-
-async def _client_disconnected(request: Request) -> None:
-    """Returns when the HTTP client goes away (the body is already read, so only a
-    disconnect message can arrive): no polling."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _wait_unless_disconnected(request: Request, trackers: list[RequestTracker]) -> list[Status] | None:
-    """The final status of every request, in order; None when the client disconnected first.
-
-    Whatever ends the wait early (a disconnect, a failed image, this task being cancelled)
-    cancels the requests still in flight (their trackers ask the engine)."""
-    waits = {asyncio.ensure_future(tracker.final()): i for i, tracker in enumerate(trackers)}
-    disconnected = asyncio.ensure_future(_client_disconnected(request))
-    finals: list[Status | None] = [None] * len(trackers)
-    try:
-        while waits:
-            done, _ = await asyncio.wait([*waits, disconnected], return_when=asyncio.FIRST_COMPLETED)
-            if disconnected in done:
-                return None
-            for task in done:
-                finals[waits.pop(task)] = task.result()
-            if any(final is not None and final.state != COMPLETED for final in finals):
-                break  # one image failed: the call fails, so the others would be wasted work
-        return finals
-    finally:
-        disconnected.cancel()
-        for task in waits:
-            task.cancel()
-        for tracker in trackers:
-            tracker.cancel()  # now, not when the cancelled waits next run; a no-op for ended ones
-
-
-def _png_bytes(image: "Image.Image") -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def _image_url(request: Request, config: HttpApiConfig, name: str) -> str:
-    if config.public_base_url:
-        return f"{config.public_base_url.rstrip('/')}/v1/images/files/{name}"
-    return str(request.url_for("stepstudio_image_file", name=name))
+    return await images_response(engine_, config, images, request, session, params, n, ask.response_format)
 
 
 def _model_card(name: str, info) -> dict:

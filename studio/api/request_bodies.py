@@ -1,12 +1,17 @@
-"""Reading what an HTTP API request asks for: its body (JSON only, size- and time-capped), its
-size ("WIDTHxHEIGHT") and the loaded model it goes to. Errors come back in OpenAI's shape."""
+"""Reading what an HTTP API request asks for: its body (size- and time-capped; JSON, or a
+multipart form a program sent), its size ("WIDTHxHEIGHT") and the loaded model it goes to.
+Errors come back in OpenAI's shape."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+from dataclasses import dataclass
+from typing import Literal
 
 from fastapi import Request
+from starlette.datastructures import Headers, UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
 
 import engine
@@ -29,29 +34,91 @@ def check_json_body(request: Request) -> None:
         raise http_errors.unsupported_media_type(media)
 
 
-async def read_body_in_time(request: Request, config: HttpApiConfig) -> bytes:
-    """The body, within the size limit (413) and the time limit (408)."""
+def body_kind(request: Request, json_too: bool = True) -> Literal["form", "json"]:
+    """multipart/form-data (as the openai client sends uploads) or, when `json_too`, JSON. A
+    browser page on another site can post a multipart form here without asking (no CORS
+    preflight); browsers say where a request comes from (Sec-Fetch-Site, Origin), and such a form
+    is refused. A program (the openai client, curl) sends neither header, or its own origin."""
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media == "multipart/form-data":
+        origin = request.headers.get("origin")
+        own = f"{request.url.scheme}://{request.headers.get('host', '')}"
+        if request.headers.get("sec-fetch-site") in ("cross-site", "same-site") or origin not in (None, own):
+            raise http_errors.ApiError(
+                403, "a form posted from another web site is refused: send the request from a program "
+                     f"(e.g. the openai client){' or as JSON' if json_too else ''}.", code="cross_site_request")
+        return "form"
+    if json_too and is_json_media(media):
+        return "json"
+    shown = repr(media[:100]) if media else "none"
+    allowed = "multipart/form-data (as the openai client does)" + (" or application/json" if json_too else "")
+    raise http_errors.ApiError(415, f"Content-Type {shown} is not accepted: send {allowed}.",
+                               code="unsupported_media_type")
+
+
+async def read_body_in_time(request: Request, config: HttpApiConfig, upload: bool = False) -> bytes:
+    """The body, within the size limit (413) and the time limit (408). `upload`: a body that
+    carries pictures, held to `config.max_upload_body_bytes` instead of the text routes' limit."""
+    if upload:
+        limit = config.max_upload_body_bytes
+        too_large = http_errors.body_too_large(limit, f"pictures are limited to {config.max_upload_bytes} bytes each")
+    else:
+        limit = config.max_body_bytes
+        too_large = http_errors.body_too_large(limit)
     try:
-        return await asyncio.wait_for(_read_body(request, config.max_body_bytes), config.body_timeout_s)
+        return await asyncio.wait_for(_read_body(request, limit, too_large), config.body_timeout_s)
     except asyncio.TimeoutError:
         raise http_errors.body_timeout(config.body_timeout_s) from None
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int, too_large: http_errors.ApiError) -> bytes:
     """The body, refused with 413 once it passes `limit` bytes (never buffered beyond it)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise http_errors.body_too_large(limit)
+        raise too_large
     chunks, size = [], 0
     try:
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise http_errors.body_too_large(limit)
+                raise too_large
             chunks.append(chunk)
     except ClientDisconnect:  # the caller hung up mid-body: nobody to answer, nothing to log
         raise http_errors.body_cut_short() from None
     return b"".join(chunks)
+
+
+@dataclass(frozen=True)
+class FormBody:
+    """A multipart body: its text fields (each given once) and its files' bytes by field name."""
+
+    fields: dict[str, str]
+    files: dict[str, list[bytes]]
+
+
+async def read_form(body: bytes, headers: Headers, max_files: int) -> FormBody:
+    """Parse a multipart body already read (and size-capped) by `read_body_in_time`."""
+    async def stream():
+        yield body
+
+    try:
+        form = await MultiPartParser(headers, stream(), max_files=max_files, max_fields=64).parse()
+    except MultiPartException as error:
+        raise http_errors.invalid_value(f"the multipart body could not be read: {error}.", None,
+                                        code="invalid_body") from None
+    fields: dict[str, str] = {}
+    files: dict[str, list[bytes]] = {}
+    try:
+        for name, value in form.multi_items():
+            if isinstance(value, UploadFile):
+                files.setdefault(name, []).append(await value.read())
+                continue
+            if name in fields:
+                raise http_errors.invalid_value(f"{name[:40]} is given twice.", name[:40])
+            fields[name] = value
+    finally:
+        await form.close()
+    return FormBody(fields, files)
 
 
 def parse_size(size: str | None) -> tuple[int | None, int | None]:

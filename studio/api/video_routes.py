@@ -38,15 +38,13 @@ import fastapi
 import pydantic
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from starlette.datastructures import Headers, UploadFile
-from starlette.formparsers import MultiPartException, MultiPartParser
 
 import engine
 from pipelines.params import MAX_PROMPT_CHARS, MAX_SEED
 from studio.api import errors as http_errors
 from studio.api.config import HttpApiConfig
 from studio.api.errors import ApiError
-from studio.api.request_bodies import is_json_media, parse_size, read_body_in_time, resolve_model
+from studio.api.request_bodies import body_kind, parse_size, read_body_in_time, read_form, resolve_model
 from studio.api.video_files import MEDIA_TYPES, SUFFIXES, VARIANTS, encode_video_files
 from studio.api.video_jobs import VideoError, VideoJob, VideoJobStore, VideoStoreFull
 from studio.media import model_fps
@@ -101,7 +99,7 @@ def add_video_routes(
                  openapi_extra={"requestBody": {**body_schema, "required": True}})
     async def create(request: Request) -> Response:
         try:
-            kind = _body_kind(request)
+            kind = body_kind(request)
             session = await caller(request)
             job = await _create_job(engine_, config, store, request, kind, session)
         except ApiError as error:
@@ -168,7 +166,7 @@ async def _create_job(
         if kind == "json":
             ask = VideoCreateRequest.model_validate_json(body)
         else:
-            ask = VideoCreateRequest.model_validate(await _form_fields(body, request.headers), strict=False)
+            ask = VideoCreateRequest.model_validate(await _form_fields(body, request), strict=False)
     except pydantic.ValidationError as error:
         raise http_errors.from_validation_error(error) from None
     if ask.input_reference is not None:
@@ -205,44 +203,13 @@ async def _create_job(
     return job
 
 
-def _body_kind(request: Request) -> Literal["form", "json"]:
-    """multipart/form-data (the openai client) or JSON. A browser page on another site can post a
-    multipart form here without asking (no CORS preflight); browsers say so, and it is refused."""
-    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    if media == "multipart/form-data":
-        origin = request.headers.get("origin")
-        own = f"{request.url.scheme}://{request.headers.get('host', '')}"
-        if request.headers.get("sec-fetch-site") in ("cross-site", "same-site") or origin not in (None, own):
-            raise ApiError(403, "a form posted from another web site is refused: send the request from a program "
-                                "(e.g. the openai client) or as JSON.", code="cross_site_request")
-        return "form"
-    if is_json_media(media):
-        return "json"
-    shown = repr(media[:100]) if media else "none"
-    raise ApiError(415, f"Content-Type {shown} is not accepted: send multipart/form-data (as the openai client "
-                        "does) or application/json.", code="unsupported_media_type")
-
-
-async def _form_fields(body: bytes, headers: Headers) -> dict[str, str]:
-    async def stream():
-        yield body
-
-    try:
-        form = await MultiPartParser(headers, stream(), max_files=4, max_fields=64).parse()
-    except MultiPartException as error:
-        raise http_errors.invalid_value(f"the multipart body could not be read: {error}.", None,
-                                        code="invalid_body") from None
-    fields: dict[str, str] = {}
-    for name, value in form.multi_items():
-        if isinstance(value, UploadFile):
-            await value.close()
-            raise http_errors.invalid_value(
-                f"{name[:40]} is a file upload; this server makes videos from text only and takes no files.",
-                name[:40], code="unsupported_parameter")
-        if name in fields:
-            raise http_errors.invalid_value(f"{name[:40]} is given twice.", name[:40])
-        fields[name] = value
-    return fields
+async def _form_fields(body: bytes, request: Request) -> dict[str, str]:
+    form = await read_form(body, request.headers, max_files=4)
+    for name in form.files:
+        raise http_errors.invalid_value(
+            f"{name[:40]} is a file upload; this server makes videos from text only and takes no files.",
+            name[:40], code="unsupported_parameter")
+    return form.fields
 
 
 # ---------------------------------------------------------------------- frames and seconds

@@ -93,7 +93,9 @@ def build_app(engine: EngineClient, config: StudioOptions) -> fastapi.FastAPI:
         server_port=config.port,
         footer_links=["api", "gradio"],
         show_error=False,  # a gr.Error's message is shown; an unexpected exception's text is not
+        allowed_paths=[config.outputs] if config.outputs else None,  # History hands saved files back
     )
+    server_compat.check_file_paths_like_launch(demo)  # a file input must be one the caller uploaded
     app.add_middleware(StudioGuards, attempts=attempts, input_counts=input_counts(demo), demo=demo)
     app.state.attempts = attempts
     app.state.gradio_app = server_compat.mounted_gradio_app(app)

@@ -107,9 +107,14 @@ def internal_problems(demo=None, gradio_app=None) -> list[str]:
         for name in ("pending_event_ids_session", "pending_messages_per_session", "event_ids_to_events"):
             if not hasattr(queue, name):
                 found.append(f"gradio's Blocks._queue.{name} is gone")
-        for name in ("temp_file_sets", "fns", "blocks"):
+        for name in ("temp_file_sets", "fns", "blocks", "has_launched"):
             if not hasattr(demo, name):
                 found.append(f"gradio's Blocks.{name} is gone")
+        from gradio import processing_utils  # loaded already: a Blocks exists
+
+        checker = getattr(processing_utils, "_check_allowed", None)
+        if checker is None or "has_launched" not in checker.__code__.co_names:
+            found.append("gradio's processing_utils._check_allowed no longer reads Blocks.has_launched")
     if gradio_app is not None and not hasattr(gradio_app, "stop_event"):
         found.append("gradio's App.stop_event is gone")
     return found
@@ -134,6 +139,16 @@ def mounted_gradio_app(app):
     the one that serves the page (`demo.app` is another one, made by `queue()`). Read from the
     Starlette Mount it adds at path "" (the "/" it was given, stripped)."""
     return next(route.app for route in app.routes if isinstance(route, Mount) and route.path == "")
+
+
+def check_file_paths_like_launch(demo) -> None:
+    """Make Gradio check the file paths callers send, as `launch()` does.
+
+    Gradio (`processing_utils._check_allowed`) checks that a file input was uploaded by the caller,
+    and that a returned file lies in an allowed folder, only for a Blocks whose `has_launched` is
+    set; `mount_gradio_app` never sets it, so a caller could otherwise name any file on the server
+    (`{"path": "/etc/passwd"}`) as a file input and have it read."""
+    demo.has_launched = True
 
 
 def event_payload(event) -> dict:
