@@ -67,6 +67,11 @@ def infotext(params: GenerationParams, model: str) -> str:
     }
     if params.num_frames and params.num_frames > 1:
         fields["Frames"] = params.num_frames
+    if params.init_image is not None:  # image to image: how much was redrawn, and from which picture
+        fields["Denoising strength"] = f"{params.strength:g}"
+        fields["Init image"] = params.init_image_digest  # "WxH:" + its content's sha256, shortened
+        if params.mask_image is not None:
+            fields["Mask"] = params.mask_image_digest
     lines.append(", ".join(f"{key}: {_quote(value)}" for key, value in fields.items()))
     return "\n".join(lines)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import imageio_ffmpeg
 import numpy as np
@@ -39,6 +40,18 @@ def test_infotext_is_automatic1111s_format_and_round_trips():
     assert parse_infotext(text) == {"prompt": "a red circle, left", "negative_prompt": "blurry: bad",
                                     "num_inference_steps": 20, "guidance_scale": 3.5, "seed": 1234,
                                     "width": 64, "height": 48, "scheduler": "euler", "model": "shapes-flux"}
+
+
+def test_an_image_to_image_text_names_the_strength_and_the_source_picture():
+    picture = Image.new("RGB", (64, 48), (200, 30, 30))
+    mask = Image.new("L", (64, 48), 255)
+    edit = replace(PARAMS, init_image=picture, strength=0.7, mask_image=mask)
+    last = infotext(edit, "shapes-flux").splitlines()[-1]
+    assert last.endswith(f'Denoising strength: 0.7, Init image: "{edit.init_image_digest}", '
+                         f'Mask: "{edit.mask_image_digest}"')
+    assert edit.init_image_digest.startswith("64x48:") and edit.init_image_digest != edit.mask_image_digest
+    assert "Denoising strength" not in infotext(PARAMS, "shapes-flux")  # text to image: none
+    assert parse_infotext(infotext(edit, "shapes-flux")) == parse_infotext(infotext(PARAMS, "shapes-flux"))
 
 
 def test_an_automatic1111_text_with_quoted_values_and_extra_keys_parses():
