@@ -16,8 +16,17 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from engine import GenerationParams
-from tests.pipeline_parity import SIZE
+from engine import GenerationParams, Progress
+from tests.pipeline_parity import SIZE, Run, finished
+
+
+def run_alone(pipeline, params):
+    """(final latents, uint8 image), the rows of every forward, and the Progress totals."""
+    with Run(pipeline) as run:
+        handle = run.submit(params)
+        ours = finished(run, handle)
+    totals = {event.total for event in handle.events(timeout=5) if isinstance(event, Progress)}
+    return ours, run.forwards.rows, totals
 
 
 def init_picture(size: int = SIZE, colour: tuple[int, int, int] = (220, 40, 30)) -> Image.Image:

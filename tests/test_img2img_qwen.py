@@ -20,8 +20,8 @@ from diffusers import (
 )
 from diffusers.utils import logging as diffusers_logging
 
-from engine import GenerationParams, Progress
-from tests.image_requests import ImageReference, box_mask, init_picture
+from engine import GenerationParams
+from tests.image_requests import ImageReference, box_mask, init_picture, run_alone
 from tests.pipeline_parity import (
     Run,
     assert_same,
@@ -49,14 +49,6 @@ def qwen(tmp_path_factory):
     images = ImageReference(family.reference.pipe, QwenImageImg2ImgPipeline, QwenImageInpaintPipeline,
                             qwen_arguments, sized_img2img=True)
     return family, images
-
-
-def run_alone(pipeline, params):
-    with Run(pipeline) as run:
-        handle = run.submit(params)
-        ours = finished(run, handle)
-    totals = {event.total for event in handle.events(timeout=5) if isinstance(event, Progress)}
-    return ours, run.forwards.rows, totals
 
 
 def test_qwen_takes_an_image_and_a_mask_with_the_img2img_default_strength(qwen):

@@ -24,10 +24,10 @@ from diffusers import (
 )
 from diffusers.utils import logging as diffusers_logging
 
-from engine import Engine, GenerationParams, Progress
+from engine import Engine, GenerationParams
 from pipelines.errors import ParamError
 from pipelines.loader import load_pipeline
-from tests.image_requests import ImageReference, box_mask, init_picture
+from tests.image_requests import ImageReference, box_mask, init_picture, run_alone
 from tests.pipeline_parity import (
     Run,
     TinyFamily,
@@ -77,15 +77,6 @@ def sd(tmp_path_factory):
 def sdxl(tmp_path_factory):
     return families(tmp_path_factory.mktemp("tiny-sdxl") / "model", build_tiny_sdxl, StableDiffusionXLPipeline,
                     StableDiffusionXLImg2ImgPipeline, StableDiffusionXLInpaintPipeline)
-
-
-def run_alone(pipeline, params):
-    """(final latents, uint8 image), the rows of every forward, and the Progress totals."""
-    with Run(pipeline) as run:
-        handle = run.submit(params)
-        ours = finished(run, handle)
-    totals = {event.total for event in handle.events(timeout=5) if isinstance(event, Progress)}
-    return ours, run.forwards.rows, totals
 
 
 # ------------------------------------------------------------------ what the families take
