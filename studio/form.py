@@ -71,7 +71,7 @@ class FormValues:
     num_frames: object = None  # video models; None or 0 = the model's default
     # Image to image: the decoded picture to start from (RGB; the request takes its size when
     # width and height are not given), how much is redrawn (0..1; None or "" = the model's
-    # default) and an optional mask ("L", white = repaint). See studio.api.uploaded_images.
+    # default) and an optional mask ("L", white = repaint). See studio.pictures.
     init_image: "Image.Image | None" = None
     strength: object = None
     mask_image: "Image.Image | None" = None

@@ -256,6 +256,20 @@ class OutputStore:
         found = [item for item in found if Path(item.path).exists()]
         return sorted(found, key=lambda item: item.created, reverse=True)[:limit]
 
+    def name_of(self, item: SavedOutput) -> str:
+        """A saved result's picture by name: its path in the outputs folder ("2026-12-02/00001-7.png";
+        a video's poster frame), what a workflow's Load image may give instead of a data URL."""
+        return Path(item.poster or item.path).relative_to(self.folder).as_posix()
+
+    def saved_picture(self, owner: str, name: str) -> bytes:
+        """The bytes of one of `owner`'s saved pictures by its name (`name_of`). ValueError for any
+        other name: another caller's results are not found by guessing their names."""
+        for item in self.history(owner):
+            if self.name_of(item) == name:
+                return Path(item.poster or item.path).read_bytes()
+        raise ValueError(f"{name!r:.80} is not one of your saved results: name one from your History "
+                         "(e.g. 2026-12-02/00001-7.png), or send the picture as a data URL.")
+
     def adopt(self, old_owner: str, new_owner: str) -> None:
         """File `old_owner`'s results under `new_owner` (a browser moving to a signed token)."""
         if self.folder is None or not (is_owner_key(old_owner) and is_owner_key(new_owner)):

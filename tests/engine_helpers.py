@@ -94,8 +94,9 @@ def spy_on_cancels(engine, monkeypatch) -> list[str]:
     return cancels
 
 
-def spy_on_submits(engine) -> list[GenerationParams]:
-    """The params of every request submitted to the engine from now on (for the engine's life)."""
+def spy_on_submits(engine, monkeypatch=None) -> list[GenerationParams]:
+    """The params of every request submitted to the engine from now on: for the engine's life, or
+    for one test with its `monkeypatch`."""
     submitted: list[GenerationParams] = []
     submit = engine.submit
 
@@ -103,5 +104,8 @@ def spy_on_submits(engine) -> list[GenerationParams]:
         submitted.append(params)
         return submit(params, *args, **kwargs)
 
-    engine.submit = recording
+    if monkeypatch is None:
+        engine.submit = recording
+    else:
+        monkeypatch.setattr(engine, "submit", recording)
     return submitted

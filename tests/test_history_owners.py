@@ -47,7 +47,8 @@ def forged_tokens(owners: HistoryOwners, caller: str) -> dict[str, object]:
         "an unsigned random token": "x" * 32,
         "a legacy token's form": "A" * 32,
         "a signed token's nonce alone": nonce,
-        "a tampered nonce": "y" + nonce[1:] + "." + signature,
+        # The first character changed (to one it is not: a nonce may itself start with "y").
+        "a tampered nonce": ("y" if nonce[0] != "y" else "z") + nonce[1:] + "." + signature,
         "a signature moved to another nonce": "z" * 32 + "." + signature,
         "another server's signature": HistoryOwners(b"another server's secret........").issue(),
         "a dot alone": ".",

@@ -21,7 +21,7 @@ from engine import Completed, Engine, GenerationParams, ServingLimits
 from pipelines.errors import ParamError
 from pipelines.toy import ToyPipeline
 from studio.api.http_routes import HttpApiConfig
-from studio.api.uploaded_images import mask_from_transparency, mask_from_white, open_upload
+from studio.pictures import mask_from_transparency, mask_from_white, open_upload
 from tests.engine_helpers import StepGate
 from tests.test_http_api import assert_openai_error, decode_png, running_api, serving, wait_until
 from tests.test_reliability_http import read_response

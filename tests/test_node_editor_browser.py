@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from pipelines.interface import ModelDefaults
 from pipelines.toy import ToyPipeline
 from tests.browser_helpers import BROWSER_MARKS, browser, shot, sync_api  # noqa: F401 (browser: a fixture)
-from tests.engine_helpers import StepGate, spy_on_cancels
+from tests.engine_helpers import StepGate, spy_on_cancels, spy_on_submits
 from tests.studio_helpers import live_studio, wait_for
 
 STEPS = 30
@@ -89,7 +91,8 @@ def zoom(page) -> float:
 def test_the_editor_is_the_default_tab_with_a_palette_and_the_text_to_image_graph(page):
     types = [el.get_attribute("data-node-type") for el in page.query_selector_all(".sse-palette-item")]
     assert types == ["prompt", "negative_prompt", "seed", "size", "steps", "guidance", "scheduler", "frames", "model",
-                     "prompt_list", "seed_batch", "sweep", "sampler", "image_output", "live_preview", "grid"]
+                     "strength", "prompt_list", "seed_batch", "sweep", "load_image", "mask", "upscale", "sampler",
+                     "image_output", "live_preview", "grid"]
     assert sorted(page.get_attribute(f"#node-{n}", "data-node-type") for n in nodes(page)) == sorted(
         ["prompt", "seed", "steps", "guidance", "sampler", "live_preview", "image_output"])
     assert links(page) == 6
@@ -327,3 +330,85 @@ def test_fit_shows_every_node(page):
         assert canvas["y"] <= box["y"] and box["y"] + box["height"] <= canvas["y"] + canvas["height"] + 1
     assert zoom(page) <= 1
     shot(page, "editor-fit")
+
+
+def load_image_node(page, tmp_path, picture: Image.Image) -> str:
+    """A new Load image node on a cleared canvas, its picture chosen with the node's file input."""
+    picture.save(tmp_path / "start.png")
+    page.click("[data-action='clear']")
+    node_id = drag_from_palette(page, "load_image", 30, 40)
+    page.set_input_files(f"#node-{node_id} .sse-picture input[type=file]", str(tmp_path / "start.png"))
+    page.wait_for_selector(f"#node-{node_id} .sse-picture[data-has='yes'] img")
+    return node_id
+
+
+def test_a_picture_chosen_on_a_load_image_node_is_redrawn_in_two_chained_stages(page, studio, tmp_path, monkeypatch):
+    submitted = spy_on_submits(studio[1], monkeypatch)
+    start = Image.new("RGB", (64, 64), (30, 60, 200))
+    start.paste((240, 200, 20), (8, 8, 40, 40))
+    picture = load_image_node(page, tmp_path, start)
+    prompt = drag_from_palette(page, "prompt", 30, 330)
+    first = drag_from_palette(page, "sampler", 320, 20)
+    second = drag_from_palette(page, "sampler", 640, 20)
+    output = drag_from_palette(page, "image_output", 960, 20)
+    page.fill(f"#node-{prompt} textarea", "a red circle")
+    drag_link(page, picture, 1, first, 11)  # image -> the sampler's image input
+    drag_link(page, prompt, 1, first, 1)
+    drag_link(page, prompt, 1, second, 1)
+    drag_link(page, first, 1, second, 11)  # images of stage 1 -> the picture stage 2 starts from
+    drag_link(page, second, 1, output, 1)
+    assert links(page) == 5
+    workflow = editor_workflow(page)
+    (load,) = [n for n in workflow["nodes"] if n["type"] == "load_image"]
+    assert load["values"]["image"].startswith("data:image/png;base64,")
+    assert {(lk["from"]["port"], lk["to"]["port"]) for lk in workflow["links"]} == {
+        ("image", "image"), ("prompt", "prompt"), ("images", "image"), ("images", "images")}
+    shot(page, "editor-two-stages-built")
+
+    page.click("[data-action='run']")
+    page.wait_for_selector(".sse-root[data-run-state='completed']", timeout=60_000)
+    page.wait_for_selector(f"#node-{output} .sse-thumb img")
+    for sampler in (first, second):
+        assert page.get_attribute(f"#node-{sampler}", "data-state") == "done"
+    assert page.get_attribute(f"#node-{picture}", "data-state") == "done"
+    shot(page, "editor-two-stages-done")
+    # Stage 1 started from the uploaded picture, stage 2 from stage 1's image, each redrawing 18
+    # of the model's 30 steps (its default strength, 0.6).
+    stage1, stage2 = submitted
+    assert np.array_equal(np.asarray(stage1.init_image), np.asarray(start))
+    assert stage1.strength == stage2.strength == 0.6 and stage1.denoise_steps == stage2.denoise_steps == 18
+    assert stage2.init_image.size == (64, 64)
+    assert not np.array_equal(np.asarray(stage2.init_image), np.asarray(start))  # stage 1's image, redrawn
+
+
+def test_a_mask_painted_in_the_editor_is_what_the_sampler_repaints(page, studio, tmp_path, monkeypatch):
+    submitted = spy_on_submits(studio[1], monkeypatch)
+    picture = load_image_node(page, tmp_path, Image.new("RGB", (64, 64), (30, 60, 200)))
+    mask = drag_from_palette(page, "mask", 30, 330)
+    prompt = drag_from_palette(page, "prompt", 320, 420)
+    sampler = drag_from_palette(page, "sampler", 640, 20)
+    page.fill(f"#node-{prompt} textarea", "a red circle")
+    drag_link(page, picture, 1, sampler, 11)
+    drag_link(page, mask, 1, sampler, 12)
+    drag_link(page, prompt, 1, sampler, 1)
+    page.click(f"#node-{mask} .sse-picture-pick")
+    view = page.locator(".sse-paint-view")
+    box = view.bounding_box()
+    assert round(box["width"]) == 6 * 64  # the 64 px picture, shown 6x
+    # A stroke across the left quarter, top to bottom.
+    page.mouse.move(box["x"] + box["width"] * 0.12, box["y"] + 2)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.12, box["y"] + box["height"] - 2, steps=20)
+    page.mouse.up()
+    shot(page, "editor-mask-painting")
+    page.click(".sse-paint-dialog [data-paint='done']")
+    page.wait_for_selector(f"#node-{mask} .sse-picture[data-has='yes'] img")
+    (values,) = [n["values"] for n in editor_workflow(page)["nodes"] if n["type"] == "mask"]
+    assert values["source"] == "painted" and values["painted"].startswith("data:image/png;base64,")
+    assert page.eval_on_selector(f"#node-{mask} select[df-source]", "el => el.value") == "painted"
+    page.click("[data-action='run']")
+    page.wait_for_selector(".sse-root[data-run-state='completed']", timeout=60_000)
+    (params,) = submitted
+    painted = np.asarray(params.mask_image)
+    assert painted[:, 6:9].min() == 255  # the stroke (x = 0.12 * 64 = 7.7, a 6 px brush)
+    assert painted[:, 20:].max() == 0  # nothing painted right of it

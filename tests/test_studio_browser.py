@@ -7,12 +7,14 @@ Screenshots land in test-artifacts/ for a human to look at.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from pipelines.interface import ModelDefaults
 from pipelines.toy import ToyPipeline
 from tests.browser_helpers import BROWSER_MARKS, browser, shot, sync_api  # noqa: F401 (browser: a fixture)
-from tests.engine_helpers import StepGate, spy_on_cancels
+from tests.engine_helpers import StepGate, spy_on_cancels, spy_on_submits
 from tests.studio_helpers import live_studio, wait_for
 
 STEPS = 30
@@ -279,15 +281,20 @@ def test_history_survives_a_reload_and_its_settings_fill_the_form(open_page, bro
         context.close()
 
 
-def test_a_saved_pngs_parameters_round_trip_into_the_form(open_page, studio):
-    outputs = studio[3]
-    page = open_page()
+def generate_saved(page, outputs, prompt: str, seed: int):
+    """Generate one image with a fixed seed on a fresh page; the PNG the studio saved."""
     page.uncheck("#ss-random-seed input")
-    page.fill("#ss-seed input", "777")
+    page.fill("#ss-seed input", str(seed))
     before = set(outputs.rglob("*.png"))
-    generate(page, "a png to reopen")
+    generate(page, prompt)
     wait_rows(page, "rows.length === 1 && rows[0].state === 'completed'")
     (saved,) = set(outputs.rglob("*.png")) - before
+    return saved
+
+
+def test_a_saved_pngs_parameters_round_trip_into_the_form(open_page, studio):
+    page = open_page()
+    saved = generate_saved(page, studio[3], "a png to reopen", 777)
     page.fill("#ss-prompt textarea", "something else")
     page.check("#ss-random-seed input")
     page.get_by_role("tab", name="History").click()
@@ -298,3 +305,36 @@ def test_a_saved_pngs_parameters_round_trip_into_the_form(open_page, studio):
     assert page.input_value("#ss-prompt textarea") == "a png to reopen"
     assert page.input_value("#ss-seed input") == "777" and not page.is_checked("#ss-random-seed input")
     assert page.input_value("#ss-steps input[type=number]") == str(STEPS)
+
+
+def test_a_saved_result_goes_on_to_image_to_image_and_into_the_editor(open_page, studio, monkeypatch):
+    submitted = spy_on_submits(studio[1], monkeypatch)
+    page = open_page()
+    saved = generate_saved(page, studio[3], "a picture to redraw", 4242)
+    page.get_by_role("tab", name="History").click()
+    page.wait_for_selector("#ss-history img")
+    page.click("#ss-history img")
+    page.wait_for_function("document.querySelector('#ss-history-details textarea').value.includes('Seed: 4242')")
+    # History -> the Simple tab's image to image: the picture is there, redrawn at strength 0.5.
+    page.click("#ss-history-img2img")
+    page.wait_for_selector("#ss-picture canvas")
+    page.fill("#ss-strength input[type=number]", "0.5")
+    page.press("#ss-strength input[type=number]", "Enter")
+    generate(page, "a blue square")
+    wait_rows(page, "rows.length === 2 && rows[1].state === 'completed'")
+    shot(page, "browser-image-to-image")
+    redraw = submitted[-1]
+    with Image.open(saved) as original:
+        assert np.array_equal(np.asarray(redraw.init_image), np.asarray(original.convert("RGB")))
+    assert (redraw.prompt, redraw.strength, redraw.denoise_steps, redraw.mask_image) == ("a blue square", 0.5, 15, None)
+    # History -> the editor: a Load image node holding the same picture joins the graph.
+    page.get_by_role("tab", name="History").click()
+    page.click("#ss-history img >> nth=0")
+    page.wait_for_function("document.querySelector('#ss-history-details textarea').value.length > 0")
+    nodes_before = page.evaluate("() => document.querySelector('.sse-root').stepstudioEditor.toWorkflow().nodes.length")
+    page.click("#ss-history-to-editor")
+    page.wait_for_selector(".sse-canvas .drawflow-node[data-node-type='load_image'] .sse-picture[data-has='yes']")
+    workflow = page.evaluate("() => document.querySelector('.sse-root').stepstudioEditor.toWorkflow()")
+    assert len(workflow["nodes"]) == nodes_before + 1
+    (load,) = [n for n in workflow["nodes"] if n["type"] == "load_image"]
+    assert load["values"]["image"].startswith("data:image/png;base64,")

@@ -14,6 +14,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from PIL import Image
 
+from pipelines.params import start_step
 from pipelines.toy import ToyPipeline
 from studio.outputs import parse_infotext, png_texts
 from studio.page.workflow_tab import EXAMPLES_DIR
@@ -64,13 +65,16 @@ def test_the_api_page_lists_the_workflow_endpoints(client):
 @pytest.mark.parametrize("path", sorted(EXAMPLES_DIR.glob("*.json")), ids=lambda p: p.stem)
 def test_every_shipped_example_runs(client, studio, path: Path):
     workflow = json.loads(path.read_text())
-    expected = {"text-to-image": (1, 0), "seed-batch-2x2": (4, 1), "guidance-steps-xy": (9, 1)}[path.stem]
+    expected = {"text-to-image": (1, 0), "seed-batch-2x2": (4, 1), "guidance-steps-xy": (9, 1),
+                "image-to-image": (5, 1), "inpaint": (1, 0)}[path.stem]
     job = client.submit(workflow=workflow, api_name="/run_workflow")
     status, images, grids = job.result(timeout=60)
     assert status["state"] == "completed"
     assert (status["done"], status["total"]) == (expected[0], expected[0])
     assert [b["state"] for b in status["branches"]] == ["completed"] * expected[0]
-    assert all(b["step"] == b["total"] == b["num_inference_steps"] for b in status["branches"])
+    for branch in status["branches"]:  # from noise every step runs; from a picture, steps x strength of them
+        steps, strength = branch["num_inference_steps"], branch["strength"]
+        assert branch["step"] == branch["total"] == steps - (0 if strength is None else start_step(steps, strength))
     assert len(images) == expected[0] and len(grids) == expected[1]
     for item in images:
         assert Image.open(item["image"]).size == (64, 64)
@@ -243,3 +247,37 @@ def test_generate_saves_its_image_too(client, studio):
     (saved,) = set(outputs.rglob("*.png")) - before
     assert parse_infotext(png_texts(saved)["parameters"])["seed"] == 99 and "workflow" not in png_texts(saved)
     assert Image.open(saved).tobytes() == Image.open(image).tobytes()
+
+
+def _saved_name_of(outputs: Path, prompt: str) -> str:
+    """The outputs folder's name of the one saved PNG made from `prompt`."""
+    found = [path for path in outputs.glob("*/*.png") if png_texts(path)["parameters"].startswith(prompt + "\n")]
+    assert len(found) == 1, found
+    return found[0].relative_to(outputs).as_posix()
+
+
+def test_a_load_image_may_name_the_callers_own_saved_result_and_no_one_elses(client, studio):
+    _, _, _, outputs = studio
+    prompt = "a red circle, the picture to start from"
+    made, images, _ = client.predict(workflow=xy_workflow(steps="3", guidance="1") | {
+        "nodes": [{"id": "p", "type": "prompt", "values": {"text": prompt}}, {"id": "s", "type": "sampler"}],
+        "links": [{"from": {"node": "p", "port": "prompt"}, "to": {"node": "s", "port": "prompt"}}]},
+        api_name="/run_workflow")
+    name = _saved_name_of(outputs, prompt)
+    redraw = {"version": 1, "nodes": [
+        {"id": "p", "type": "prompt", "values": {"text": "a blue square"}},
+        {"id": "i", "type": "load_image", "values": {"image": name}},
+        {"id": "k", "type": "strength", "values": {"strength": 0.5}},
+        {"id": "s", "type": "sampler"}],
+        "links": [{"from": {"node": "p", "port": "prompt"}, "to": {"node": "s", "port": "prompt"}},
+                  {"from": {"node": "i", "port": "image"}, "to": {"node": "s", "port": "image"}},
+                  {"from": {"node": "k", "port": "strength"}, "to": {"node": "s", "port": "strength"}}]}
+    status, images, _ = client.predict(workflow=redraw, api_name="/run_workflow")
+    assert status["state"] == "completed"
+    (branch,) = status["branches"]
+    assert (branch["strength"], branch["total"], branch["size"]) == (0.5, 4, "64x64")  # 4 of the toy's 8 steps
+    # Another caller naming the same file gets nothing: names are looked up in the caller's own results.
+    stranger = Client(studio[0].url, verbose=False)
+    with pytest.raises(AppError) as refused:
+        stranger.predict(workflow=redraw, api_name="/run_workflow")
+    assert f"node i, port 'image': '{name}' is not one of your saved results" in str(refused.value)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-from studio.api.uploaded_images import MAX_UPLOAD_BYTES
+from studio.pictures import MAX_UPLOAD_BYTES
 
 _KEY_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
@@ -20,7 +20,7 @@ class HttpApiConfig:
     max_body_bytes: int = 64 * 1024  # a request body is a few prompts and numbers
     # /v1/images/edits: the largest uploaded picture (image or mask; 400 naming it). Its body may
     # carry two of them and the text fields: 2 x this + max_body_bytes (413 beyond). Pictures
-    # must also fit the model's size (studio.api.uploaded_images).
+    # must also fit the model's size (studio.pictures).
     max_upload_bytes: int = MAX_UPLOAD_BYTES
     body_timeout_s: float = 10.0  # a body that has not fully arrived by then is refused (408)
     image_ttl_s: float = 3600.0  # how long a response_format="url" image stays fetchable

@@ -39,7 +39,7 @@ from studio.api.image_files import ImageFileStore
 from studio.api.image_requests import ImageEditRequest
 from studio.api.image_results import checked_n, images_response
 from studio.api.request_bodies import FormBody, body_kind, parse_size, read_body_in_time, read_form, resolve_model
-from studio.api.uploaded_images import as_init_image, check_same_size, mask_from_transparency, open_upload
+from studio.pictures import as_init_image, check_same_size, mask_from_transparency, open_upload
 
 ROUTE = "/v1/images/edits"
 # Enough to name a list of images sent where one is taken, rather than failing the parse.

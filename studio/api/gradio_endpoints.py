@@ -10,7 +10,7 @@ Each request is followed with studio.tracker (its status dict is the tracker's `
 previews and results are encoded in a worker thread, never on the event loop. `/image_to_image`
 streams as `/generate` does, through the same code; its pictures arrive as Gradio file uploads
 (gradio_client's `handle_file`), which Gradio has already put in its upload cache (it refuses
-paths a client names elsewhere), and are decoded within studio.api.uploaded_images' limits.
+paths a client names elsewhere), and are decoded within studio.pictures' limits.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import AsyncIterator
 import gradio as gr
 
 from engine import EngineClient
-from studio.api.uploaded_images import MAX_UPLOAD_BYTES, as_init_image, check_same_size, mask_from_white, open_upload
+from studio.pictures import MAX_UPLOAD_BYTES, as_init_image, check_same_size, mask_from_white, open_upload
 from studio.config import StudioOptions
 from studio.form import RANDOM_SEED, FormValues
 from studio.media import animated_gif, final_media, model_fps, preview_image

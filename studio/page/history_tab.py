@@ -5,11 +5,14 @@ results are filed under a key derived from it (studio.server.history_owners), so
 the same browser, finds them, and a token the server did not sign lists nothing.
 Selecting one shows its `parameters` text; "Use these settings again" fills the Simple tab's
 form, "Open its workflow" loads the workflow it came from into the editor. A PNG from anywhere
-(ours, or AUTOMATIC1111's) can be opened the same way.
+(ours, or AUTOMATIC1111's) can be opened the same way. A picture goes on to a next stage with
+"Send to image to image" (the Simple tab's picture) or "Send to the editor" (a new Load image
+node holding it, beside the graph being edited).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +30,9 @@ from studio.outputs import (
 from studio.page.simple_tab import GUIDANCE_RANGE, ModelForm, SimpleForm
 from studio.server.history_owners import is_legacy_token, legacy_owner_key
 from studio.user_errors import user_error
+from studio.pictures import picture_data_url
 from studio.workflows.format import WorkflowError, parse_workflow
+from studio.workflows.nodes import NODE_TYPES
 
 SHOWN = 60  # newest results shown
 
@@ -80,6 +85,8 @@ class HistoryTab:
     details: gr.Textbox
     use_settings: gr.Button
     open_workflow: gr.Button
+    to_image_to_image: gr.Button
+    to_editor: gr.Button
     upload: gr.File
     items: gr.State  # the listed SavedOutputs (as dicts), in gallery order
     selected: gr.State  # {"settings": {...}, "workflow": str | None}
@@ -98,7 +105,10 @@ def build_history_tab(store: OutputStore) -> HistoryTab:
     with gr.Row():
         use_settings = gr.Button("Use these settings again", variant="primary", elem_id="ss-history-use")
         open_workflow = gr.Button("Open its workflow", visible=False, elem_id="ss-history-workflow")
-    return HistoryTab(refresh, gallery, details, use_settings, open_workflow, upload, gr.State([]), gr.State(None))
+        to_image_to_image = gr.Button("Send to image to image", elem_id="ss-history-img2img")
+        to_editor = gr.Button("Send to the editor (Load image)", elem_id="ss-history-to-editor")
+    return HistoryTab(refresh, gallery, details, use_settings, open_workflow, to_image_to_image, to_editor, upload,
+                      gr.State([]), gr.State(None))
 
 
 def _texts(path: Path | str) -> dict[str, str]:
@@ -110,6 +120,27 @@ def _texts(path: Path | str) -> dict[str, str]:
 
 def _thumbnail(item: SavedOutput) -> Image.Image:
     with Image.open(item.poster or item.path) as image:
+        return image.convert("RGB")
+
+
+def with_load_image(workflow_text: object, picture: Image.Image) -> str:
+    """The editor's workflow with one more node: a Load image holding `picture`, right of the graph."""
+    try:
+        workflow = parse_workflow(workflow_text).to_json()
+    except WorkflowError:  # an empty or broken editor: start a new graph
+        workflow = {"version": 1, "nodes": [], "links": []}
+    taken = {node["id"] for node in workflow["nodes"]}
+    node_id = next(str(n) for n in range(1, len(taken) + 2) if str(n) not in taken)
+    right = max((node["position"][0] for node in workflow["nodes"]), default=-300.0) + 300
+    node = NODE_TYPES["load_image"].node(node_id, image=picture_data_url(picture))
+    workflow["nodes"].append({**node, "position": [right, 20]})
+    return json.dumps(workflow)
+
+
+def _picture(selected: dict | None) -> Image.Image:
+    if not selected or not selected.get("path"):
+        raise user_error("Select a result (or open a PNG) first.", "Nothing selected")
+    with Image.open(selected["path"]) as image:
         return image.convert("RGB")
 
 
@@ -134,7 +165,8 @@ def wire_history_tab(engine: EngineClient, store: OutputStore, tab: HistoryTab, 
         if item is None:
             return {tab.selected: None, tab.details: "", tab.open_workflow: gr.update(visible=False)}
         texts = _texts(item["poster"] or item["path"])
-        return {tab.selected: {"settings": item["settings"], "workflow": texts.get("workflow")},
+        return {tab.selected: {"settings": item["settings"], "workflow": texts.get("workflow"),
+                               "path": item["poster"] or item["path"]},
                 tab.details: item["parameters"], tab.open_workflow: gr.update(visible=item["has_workflow"])}
 
     def opened(path: str | None) -> dict:
@@ -143,7 +175,8 @@ def wire_history_tab(engine: EngineClient, store: OutputStore, tab: HistoryTab, 
         texts = _texts(Path(path))
         if "parameters" not in texts:
             raise user_error("This PNG carries no settings (no 'parameters' text).", "No settings found")
-        return {tab.selected: {"settings": parse_infotext(texts["parameters"]), "workflow": texts.get("workflow")},
+        return {tab.selected: {"settings": parse_infotext(texts["parameters"]), "workflow": texts.get("workflow"),
+                               "path": path},
                 tab.details: texts["parameters"], tab.open_workflow: gr.update(visible="workflow" in texts)}
 
     def use(selected: dict | None) -> list:
@@ -160,6 +193,12 @@ def wire_history_tab(engine: EngineClient, store: OutputStore, tab: HistoryTab, 
             raise user_error(f"This PNG's workflow can't be opened: {error}", "Not a workflow") from None
         return [gr.update(value=selected["workflow"]), gr.Tabs(selected="workflow")]
 
+    def to_image_to_image(selected: dict | None) -> list:
+        return [_picture(selected), gr.Accordion(open=True), gr.Tabs(selected="simple")]
+
+    def to_editor(selected: dict | None, workflow: object) -> list:
+        return [gr.update(value=with_load_image(workflow, _picture(selected))), gr.Tabs(selected="workflow")]
+
     private = {"api_visibility": "private", "show_progress": "hidden"}
     listed = [tab.gallery, tab.items]
     demo.load(start, inputs=browser_token, outputs=[browser_token, *listed], api_name="ui_history_start", **private)
@@ -173,3 +212,7 @@ def wire_history_tab(engine: EngineClient, store: OutputStore, tab: HistoryTab, 
                            api_name="ui_history_use", **private)
     tab.open_workflow.click(open_in_editor, inputs=tab.selected, outputs=[editor, tabs],
                             api_name="ui_history_workflow", **private)
+    tab.to_image_to_image.click(to_image_to_image, inputs=tab.selected, outputs=[form.picture, form.picture_panel, tabs],
+                                api_name="ui_history_img2img", **private)
+    tab.to_editor.click(to_editor, inputs=[tab.selected, editor], outputs=[editor, tabs],
+                        api_name="ui_history_to_editor", **private)

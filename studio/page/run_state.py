@@ -80,6 +80,8 @@ def branch_row(progress: BranchView) -> dict:
         "guidance_scale": params.guidance_scale,
         "num_inference_steps": params.num_inference_steps,
         "size": f"{params.width}x{params.height}",
+        "parent": progress.branch.parent,  # the branch of an earlier stage whose image it starts from
+        "strength": params.strength if params.init_image is not None else None,
         "request_id": progress.request_id,
         "message": progress.message,
     }

@@ -8,6 +8,12 @@ to the tab's queue, they share forwards with everything else, and the per-sessio
 bounds what is in the engine at once (the rest wait in the tab). The queue list shows one row
 and one progress bar per request, with a × to cancel it; the preview shows the newest running
 request; results go to the tab's gallery, newest first, and are saved (studio.outputs).
+
+Image to image (A1111's img2img tab, folded into the form): a picture in "Start from a picture"
+becomes a Load image node and the strength a Strength node, so the request redraws the picture
+(resized to the form's size) instead of starting from noise; strokes painted on it become a
+painted Mask node (inpainting: only the painted part is redrawn). The History tab's "Send to
+image to image" puts a saved result there.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
+from PIL import Image, ImageChops
 
 from engine import EngineClient
 from pipelines.params import MIN_SIZE
@@ -30,6 +37,7 @@ from studio.media import (
     preview_image,
     settings_caption,
 )
+from studio.pictures import picture_data_url
 from studio.page.tab_queue import (
     CANCEL_JS,
     TabResults,
@@ -47,7 +55,8 @@ _SEED_RANGE = 2**32
 
 # Node ids double as the form's field names in error messages ("steps: 500 is out of range ...").
 GUIDANCE_RANGE = (0.0, 20.0)  # the guidance slider's range
-FORM_NODES = ("prompt", "negative prompt", "seed", "size", "steps", "guidance", "scheduler", "frames", "model")
+FORM_NODES = ("prompt", "negative prompt", "seed", "size", "steps", "guidance", "scheduler", "frames", "model",
+              "picture", "mask", "strength")
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,9 @@ class SimpleForm:
     unknown_words: gr.Markdown
     generate: gr.Button
     cancel: gr.Button
+    picture: gr.ImageMask  # image to image: the picture to start from, and a painted mask
+    strength: gr.Slider
+    picture_panel: gr.Accordion
 
     def settings_outputs(self) -> list:
         """The fields "use these settings again" fills in, in `settings_update`'s order."""
@@ -103,9 +115,32 @@ def form_workflow(values: dict[str, Any], uses_negative_prompt: bool, seed_start
         fields.append(("negative prompt", "negative_prompt", {"text": negative}))
     if values.get("scheduler"):
         fields.append(("scheduler", "scheduler", {"name": values["scheduler"]}))
+    picture, mask = start_picture(values.get("picture"))
+    if picture is not None:  # image to image: redraw the picture (with a mask, only its painted part)
+        fields.append(("picture", "load_image", {"image": picture_data_url(picture)}))
+        fields.append(("strength", "strength", {"strength": values.get("strength")}))
+        if mask is not None:
+            fields.append(("mask", "mask", {"source": "painted", "painted": picture_data_url(mask)}))
     nodes = [NODE_TYPES[node_type].node(node_id, **node_values) for node_id, node_type, node_values in fields]
     links = [link_json(node_id, NODE_TYPES[node_type].outputs[0].name, "sampler") for node_id, node_type, _ in fields]
     return {"version": 1, "nodes": [*nodes, NODE_TYPES["sampler"].node("sampler")], "links": links}
+
+
+def start_picture(editor_value: object) -> tuple[Image.Image | None, Image.Image | None]:
+    """The picture to start from and the mask painted on it ("L", white = repaint; None when
+    nothing was painted), from gr.ImageMask's value (background, layers, composite)."""
+    if not isinstance(editor_value, dict) or not isinstance(editor_value.get("background"), Image.Image):
+        return None, None
+    picture = editor_value["background"]
+    painted = None
+    for layer in editor_value.get("layers") or ():
+        if isinstance(layer, Image.Image) and layer.mode == "RGBA":
+            alpha = layer.getchannel("A")
+            painted = alpha if painted is None else ImageChops.lighter(painted, alpha)
+    if painted is None or painted.getbbox() is None:
+        return picture.convert("RGB"), None
+    mask = painted.point(lambda value: 255 if value > 0 else 0)
+    return picture.convert("RGB"), mask if mask.size == picture.size else mask.resize(picture.size, Image.NEAREST)
 
 
 def form_problems(error: WorkflowError) -> str:
@@ -147,6 +182,7 @@ class ModelForm:
     schedulers: tuple[str, ...]
     frames: int | None  # None for an image model
     makes_video: bool
+    strength: float = 0.6  # image to image's default strength (the model's)
 
     @property
     def default_size(self) -> str | None:
@@ -168,7 +204,7 @@ class ModelForm:
         return cls((size_min, size_max), step, sizes, limits.max_steps, min(defaults.width, size_max),
                    min(defaults.height, size_max), min(defaults.num_inference_steps, limits.max_steps),
                    defaults.guidance_scale, defaults.negative_prompt, info.uses_negative_prompt, tuple(info.schedulers),
-                   defaults.num_frames if video else None, video)
+                   defaults.num_frames if video else None, video, defaults.strength)
 
     def updates(self) -> list:
         """gr.update()s for (size, width, height, steps, guidance, negative prompt, scheduler, frames,
@@ -235,6 +271,15 @@ def build_simple_tab(engine: EngineClient, config: StudioOptions) -> tuple[Simpl
                     random_seed = gr.Checkbox(value=True, label="Random seed", elem_id="ss-random-seed")
                     seed = gr.Number(value=0, precision=0, minimum=0, label="Seed (the used seed appears here)",
                                      elem_id="ss-seed")
+            takes_pictures = any("init_image" in info.image_inputs for info in engine.infos.values())
+            with gr.Accordion("Image to image", open=False, visible=takes_pictures, elem_id="ss-img2img") as picture_panel:
+                picture = gr.ImageMask(label="Start from a picture (resized to the size above); paint over it to "
+                                             "redraw only that part", type="pil", format="png", image_mode="RGB",
+                                       sources=("upload", "clipboard"), height=320, elem_id="ss-picture",
+                                       brush=gr.Brush(colors=["#ffffff"], color_mode="fixed"))
+                strength = gr.Slider(0.0, 1.0, value=look.strength, step=0.05,
+                                     label="Strength (0 keeps the picture, 1 redraws it from noise)",
+                                     elem_id="ss-strength")
         with gr.Column(scale=3):
             queue = gr.HTML(render_tab_queue([]), js_on_load=CANCEL_JS, elem_id="ss-tab-queue")
             with gr.Row():
@@ -249,7 +294,7 @@ def build_simple_tab(engine: EngineClient, config: StudioOptions) -> tuple[Simpl
                                  object_fit="contain", format="png", preview=False, allow_preview=True,
                                  elem_id="ss-gallery")
     form = SimpleForm(model, prompt, negative, size, width, height, steps, guidance, scheduler, frames, batch_count,
-                      random_seed, seed, unknown, generate, cancel)
+                      random_seed, seed, unknown, generate, cancel, picture, strength, picture_panel)
     return form, SimplePanel(queue, preview, animation, image, video, gallery)
 
 
@@ -314,19 +359,24 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
         session = session_id_of(request)
         raw = {name: values[getattr(form, name)] for name in (
             "model", "prompt", "negative_prompt", "size", "width", "height", "steps", "guidance_scale", "scheduler",
-            "frames", "batch_count", "random_seed", "seed")}
+            "frames", "batch_count", "random_seed", "seed", "picture", "strength")}
         look = ModelForm.of(engine, raw["model"] or None)
         raw["frames"] = raw["frames"] if look.makes_video else None
         if look.sizes and isinstance(raw["size"], str) and "x" in raw["size"]:  # the card's size, not the sliders
             raw["width"], raw["height"] = raw["size"].split("x", 1)
+        owner = runner.owner_for(values[browser_token], session)
+
+        def start():  # encodes and decodes the picture: in a worker thread
+            return runner.start(form_workflow(raw, look.uses_negative_prompt, seed_start(raw)), session, owner)
+
         try:
-            run, _ = runner.start(form_workflow(raw, look.uses_negative_prompt, seed_start(raw)), session)
+            run, _ = await asyncio.to_thread(start)
         except WorkflowError as exc:
             raise user_error(form_problems(exc), "Request not accepted") from None
         recorded: set[int] = set()
         sent: dict = {}
         first = True
-        async for view in runner.follow(run, runner.owner_for(values[browser_token], session)):
+        async for view in runner.follow(run, owner):
             for branch in view.branches:
                 if branch.result is not None and branch.branch.index not in recorded:
                     recorded.add(branch.branch.index)
@@ -343,8 +393,8 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
             raise user_error(failed[0].message, "Generation failed")
 
     inputs = {form.model, form.prompt, form.negative_prompt, form.size, form.width, form.height, form.steps,
-              form.guidance_scale,
-              form.scheduler, form.frames, form.batch_count, form.random_seed, form.seed, browser_token}
+              form.guidance_scale, form.scheduler, form.frames, form.batch_count, form.random_seed, form.seed,
+              form.picture, form.strength, browser_token}
     media = [panel.preview, panel.animation, panel.image, panel.video]
     outputs = [panel.queue, *media, panel.gallery, form.seed, *live.components]
     # trigger_mode="multiple": a click while earlier requests run queues more, it is not dropped.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 from collections.abc import AsyncIterator, Callable
@@ -48,6 +49,7 @@ from studio.workflows.compiler import (
 from studio.workflows.format import (
     Problem,
     WorkflowError,
+    for_saving,
     parse_workflow,
 )
 from studio.workflows.nodes import node_type_specs
@@ -90,15 +92,17 @@ def workflow_limits(engine: EngineClient, config: StudioOptions) -> WorkflowLimi
             uses_negative_prompt=info.uses_negative_prompt,
             makes_video=info.output_kind == "video",
             sizes=tuple(info.supported_sizes),
+            image_inputs=tuple(info.image_inputs),
         ))
     return WorkflowLimits(tuple(models), max_branches=config.max_branches)
 
 
-def compile_source(source: object, limits: WorkflowLimits) -> CompiledWorkflow:
+def compile_source(source: object, limits: WorkflowLimits,
+                   picture_files: Callable[[str], bytes] | None = None) -> CompiledWorkflow:
     """A workflow from the editor or an API caller: JSON text, or an already decoded object."""
     if source is None or (isinstance(source, str) and not source.strip()):
         raise WorkflowError([Problem("the workflow is empty: send its JSON (version, nodes, links).")])
-    return compile_workflow(parse_workflow(source), limits)
+    return compile_workflow(parse_workflow(source), limits, picture_files)
 
 
 def _model_field_defaults(engine: EngineClient) -> dict[str, dict]:
@@ -158,9 +162,14 @@ class WorkflowRunner:
         survives reloads), else the engine session's (API callers). See studio.server.history_owners."""
         return "" if self.outputs is None else self.outputs.owners.of(browser_token, session_id)
 
-    def start(self, source: object, session_id: str) -> tuple[WorkflowRun, CompiledWorkflow]:
-        """Raises WorkflowError naming every problem; nothing is submitted then."""
-        compiled = compile_source(source, workflow_limits(self.engine, self.config))
+    def start(self, source: object, session_id: str, owner: str | None = None) -> tuple[WorkflowRun, CompiledWorkflow]:
+        """Raises WorkflowError naming every problem; nothing is submitted then. `owner` (an
+        owner_for's key): whose saved results a Load image may name. Decodes pictures and checks
+        every branch: call it in a worker thread."""
+        pictures = None
+        if owner and self.outputs is not None and self.outputs.enabled:
+            pictures = functools.partial(self.outputs.saved_picture, owner)
+        compiled = compile_source(source, workflow_limits(self.engine, self.config), pictures)
         run = WorkflowRun(self.engine, compiled, session_id, self.config.preview_every)
         return run, compiled
 
@@ -169,6 +178,7 @@ class WorkflowRunner:
         owner_for's key), with the workflow JSON when it came from the editor."""
         self.registry.add(run)
         saved: set[int] = set()
+        saved_workflow = None if workflow is None else for_saving(workflow)
         updates = run.updates()
         view = None
         try:
@@ -177,7 +187,7 @@ class WorkflowRunner:
                     for branch in view.branches:
                         if branch.result is not None and branch.branch.index not in saved:
                             saved.add(branch.branch.index)
-                            await save_quietly(self.outputs, branch.result, owner, workflow)
+                            await save_quietly(self.outputs, branch.result, owner, saved_workflow)
                     yield view
         finally:
             self.registry.finished(run)
@@ -266,8 +276,9 @@ def wire_workflow_tab(runner: WorkflowRunner, tab: WorkflowTab, browser_token: g
         states = EditorRunState(runner.config.preview_max_px, runner.fps_of, files)
         gallery = ResultsGallery(runner.fps_of)
         session = session_id_of(request)
+        owner = runner.owner_for(token, session)
         try:
-            started, compiled = runner.start(workflow, session)
+            started, compiled = await asyncio.to_thread(runner.start, workflow, session, owner)
         except WorkflowError as exc:
             yield {tab.editor: gr.update(run_state=invalid_state(exc))}
             raise user_error(str(exc), "Workflow not run") from None
@@ -275,7 +286,7 @@ def wire_workflow_tab(runner: WorkflowRunner, tab: WorkflowTab, browser_token: g
             return states.update(view, compiled), live.render(session, final=view.is_final)
 
         finished_seen = -1
-        async for view in runner.follow(started, runner.owner_for(token, session), compiled.workflow.to_json()):
+        async for view in runner.follow(started, owner, compiled.workflow.to_json()):
             # Pictures are encoded and written, and the views drawn, in a worker thread: the
             # event loop keeps serving.
             state, views = await asyncio.to_thread(encoded, view)
@@ -317,8 +328,9 @@ def wire_workflow_api(runner: WorkflowRunner) -> None:
         encoder = RunStateEncoder(runner.config.preview_max_px, runner.fps_of)
         gallery = ResultsGallery(runner.fps_of)
         session = session_id_of(request)
+        owner = runner.owner_for(None, session)
         try:
-            started, compiled = runner.start(workflow, session)
+            started, compiled = await asyncio.to_thread(runner.start, workflow, session, owner)
         except WorkflowError as exc:
             raise user_error(str(exc), "Workflow not run") from None
 
@@ -326,7 +338,7 @@ def wire_workflow_api(runner: WorkflowRunner) -> None:
             return [(gallery.media(b), b.branch.label) for b in view.branches if b.result]
 
         finished_seen = -1
-        async for view in runner.follow(started, runner.owner_for(None, session), compiled.workflow.to_json()):
+        async for view in runner.follow(started, owner, compiled.workflow.to_json()):
             finished = sum(b.result is not None for b in view.branches)
             changed = finished != finished_seen or view.is_final
             finished_seen = finished

@@ -10,6 +10,13 @@ scheduler). Inputs left unlinked take the model's defaults. A sampler without a 
 with a Seed of -1) uses ONE random seed for all of its branches, picked when the run starts, so
 the cells of an X/Y plot differ only in what was swept.
 
+Stages: a Sampler's `images` output may feed another Sampler's `image` input (directly, or through
+Upscale). The later sampler then makes one branch per branch of the earlier one times its own
+fan-outs; each such branch names its `parent` (`Branch.start`), whose finished image it starts
+from, and carries the parent's axes after its own (so a grid of stage 2 can be laid out by a
+sweep of stage 1). A Load image gives one picture. A branch that starts from a picture takes the
+picture's size (times the Upscale factors, rounded to the model's multiple) unless a Size is linked.
+
 Everything is checked before anything runs, and every problem names its node and port or field:
 cycles, wrong link types, missing required inputs, more branches than allowed, and each node's
 values against the loaded models. The compiler owns the graph checks; a value is judged by the
@@ -21,8 +28,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from PIL import Image
 
 from engine.limits import ServingLimits
 from pipelines.errors import ParamError
@@ -34,6 +43,7 @@ from pipelines.validation import (
     check_size_in,
     check_still_frames,
 )
+from studio.pictures import MaskSpec, start_size
 from studio.workflows.format import Node, Problem, Workflow, WorkflowError
 from studio.workflows.nodes import (
     NODE_TYPES,
@@ -41,6 +51,8 @@ from studio.workflows.nodes import (
     SAMPLER_INPUTS,
     PortType,
     Reading,
+    StartImage,
+    accepts,
 )
 
 DEFAULT_MAX_BRANCHES = 64
@@ -61,6 +73,7 @@ class ModelLimits:
     makes_video: bool = False
     sizes: tuple[tuple[int, int], ...] = ()  # the only sizes the model serves (empty: any multiple)
     max_frames: int = MAX_FRAMES_ABSOLUTE
+    image_inputs: tuple[str, ...] = ()  # "init_image", "mask_image": the pictures it can start from
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "max_size", "size_multiple", "max_frames"):
@@ -128,13 +141,36 @@ class AxisValue:
 
 
 @dataclass(frozen=True)
+class BranchStart:
+    """Where a branch's picture comes from (image to image): a Load image's `picture`, or the
+    finished image of the branch `parent` (an earlier stage); enlarged `scale` times and rounded
+    to the model's size `multiple` unless the branch has a size; `mask`: what to repaint."""
+
+    picture: Image.Image | None = field(default=None, compare=False)
+    parent: int | None = None
+    scale: float = 1.0
+    multiple: int = 8
+    mask: MaskSpec | None = field(default=None, compare=False)
+
+    def size_from(self, size: tuple[int, int]) -> tuple[int, int]:
+        """The request's size for a picture of `size`."""
+        return start_size(size, self.scale, self.multiple)
+
+
+@dataclass(frozen=True)
 class Branch:
     index: int  # position in the run, 0-based
     sampler: str  # node id
     params: GenerationParams  # unset fields = the model's defaults; seed None = the sampler's random seed
-    axes: tuple[AxisValue, ...]  # one per fan-out input of the sampler, in input order
+    axes: tuple[AxisValue, ...]  # one per fan-out input of the sampler, then the earlier stage's
     # GenerationParams field -> (node id, field of that node) that set it, to name them in errors
     sources: tuple[tuple[str, tuple[str, str]], ...] = ()
+    start: BranchStart | None = None  # the picture it starts from (None: from noise)
+
+    @property
+    def parent(self) -> int | None:
+        """The branch of an earlier stage whose image this one starts from."""
+        return None if self.start is None else self.start.parent
 
     def source_of(self, field_name: str) -> tuple[str, str | None]:
         """(node id, port or field) that set a GenerationParams field; the sampler when none did."""
@@ -165,17 +201,37 @@ class CompiledWorkflow:
     grids: tuple[GridLayout, ...]
     node_branches: dict[str, tuple[int, ...]]  # every node -> the branches it takes part in
 
+    def descendants(self, index: int) -> list[int]:
+        """The branches of later stages that start, directly or not, from branch `index`'s image."""
+        found = []
+        for branch in self.branches[index + 1:]:  # a stage's branches come after its parents'
+            if branch.parent is not None and (branch.parent == index or branch.parent in found):
+                found.append(branch.index)
+        return found
+
 
 # ---------------------------------------------------------------------------- values
 class _NodeReader:
     """Reads one node's values for one model (its type's `read`), noting problems at the node's fields."""
 
-    def __init__(self, node: Node, problems: list[Problem], limits: ModelLimits, workflow_limits: WorkflowLimits) -> None:
+    def __init__(self, node: Node, expansion: "_Expansion", limits: ModelLimits) -> None:
         self.node = node
-        self.problems = problems
+        self.node_id = node.id
+        self.expansion = expansion
+        self.problems = expansion.problems
         self.limits = limits
-        self.workflow_limits = workflow_limits
-        self.default_model = workflow_limits.default.name
+        self.workflow_limits = expansion.limits
+        self.default_model = expansion.limits.default.name
+
+    def linked(self, port: str) -> list[Reading] | None:
+        source = self.expansion.sources.get((self.node.id, port))
+        return None if source is None else self.expansion.readings.get(source.id, [])
+
+    def picture_file(self, name: str) -> bytes:
+        if self.expansion.picture_files is None:
+            raise ValueError(f"{name!r:.80} is not a data URL, and this run reads no saved results by name: "
+                             "send the picture as a data URL (data:image/png;base64,...).")
+        return self.expansion.picture_files(name)
 
     def fail(self, field: str, message: str) -> None:
         problem = Problem(message, self.node.id, field)
@@ -238,7 +294,7 @@ def _check_link_types(workflow: Workflow, problems: list[Problem]) -> None:
         want = NODE_TYPES[target.type].input(link.target.port).type
         if have is None:
             continue  # an invalid Sweep setting is reported on the Sweep itself
-        if have != want:
+        if not accepts(want, have):
             problems.append(Problem(
                 f"gets {have!r} from node {source.id} ({NODE_TYPES[source.type].title}) but takes {want!r}.",
                 target.id, link.target.port))
@@ -250,8 +306,11 @@ def _input_sources(workflow: Workflow) -> dict[tuple[str, str], Node]:
 
 
 # ---------------------------------------------------------------------------- compile
-def compile_workflow(workflow: Workflow, limits: WorkflowLimits | None = None) -> CompiledWorkflow:
-    """Check the whole workflow and expand its branches. Raises WorkflowError naming every problem."""
+def compile_workflow(workflow: Workflow, limits: WorkflowLimits | None = None,
+                     picture_files: Callable[[str], bytes] | None = None) -> CompiledWorkflow:
+    """Check the whole workflow and expand its branches. Raises WorkflowError naming every problem.
+    `picture_files`: a saved result's bytes by its name, for Load image nodes that name one (the
+    caller's own results only; without it, only data URLs are read)."""
     limits = limits or WorkflowLimits()
     problems: list[Problem] = []
     cycle = _find_cycle(workflow)
@@ -264,52 +323,20 @@ def compile_workflow(workflow: Workflow, limits: WorkflowLimits | None = None) -
         for port in NODE_TYPES[node.type].inputs:
             if port.required and (node.id, port.name) not in sources:
                 problems.append(Problem(f"this input is required: link a {port.type} output to it.", node.id, port.name))
-    node_values = _read_values(workflow, sources, limits, problems)
-
     samplers = [node for node in workflow.nodes.values() if node.type == "sampler"]
     if not samplers:
         problems.append(Problem("the workflow has no Sampler node, so it makes nothing: add one."))
-    counts = {
-        sampler.id: math.prod(len(node_values[sources[(sampler.id, p.name)].id]) or 1
-                              for p in SAMPLER_INPUTS if (sampler.id, p.name) in sources)
-        for sampler in samplers
-    }
-    total = sum(counts.values())
-    if total > limits.max_branches:
-        for sampler_id, count in counts.items():
+    expansion = _Expansion(workflow, sources, limits, problems, picture_files)
+    expansion.run()
+    if expansion.total > limits.max_branches:
+        for sampler_id, count in expansion.counts.items():
             problems.append(Problem(
-                f"makes {count} branches; with the other samplers the run would make {total}, "
+                f"makes {count} branches; with the other samplers the run would make {expansion.total}, "
                 f"more than the limit of {limits.max_branches} (--max-branches).", sampler_id))
     if problems:
         raise WorkflowError(problems)
 
-    branches: list[Branch] = []
-    node_branches: dict[str, list[int]] = {node_id: [] for node_id in workflow.nodes}
-    for sampler in samplers:
-        linked = [(p.name, sources[(sampler.id, p.name)]) for p in SAMPLER_INPUTS if (sampler.id, p.name) in sources]
-        choices = [list(enumerate(node_values[source.id])) for _, source in linked]
-        branch_sources = tuple((param, (source.id, NODE_TYPES[source.type].field_for(param)))
-                               for input_name, source in linked for param in PARAMS_OF_PORT[input_name])
-        for combination in itertools.product(*choices):
-            fields: dict[str, Any] = {}
-            axes = []
-            for (input_name, source), (value_index, value) in zip(linked, combination):
-                fields[input_name] = value.value
-                if NODE_TYPES[source.type].is_fan_out:
-                    axes.append(AxisValue(input_name, value_index, value.label))
-            index = len(branches)
-            try:
-                params = _params(fields, limits.default.name)
-            except ParamError as error:  # a rule no node's own check asked (each value was checked alone)
-                problem = Problem(error.message, *dict(branch_sources).get(error.field, (sampler.id, None)))
-                if problem not in problems:
-                    problems.append(problem)
-                continue
-            branches.append(Branch(index, sampler.id, params, tuple(axes), branch_sources))
-            for _, source in linked:
-                node_branches[source.id].append(index)
-            node_branches[sampler.id].append(index)
-
+    branches, node_branches = expansion.branches, expansion.node_branches
     grids = []
     for node in workflow.nodes.values():
         if NODE_TYPES[node.type].category != "outputs":
@@ -326,6 +353,196 @@ def compile_workflow(workflow: Workflow, limits: WorkflowLimits | None = None) -
                             {node_id: tuple(indices) for node_id, indices in node_branches.items()})
 
 
+def _topological(workflow: Workflow) -> list[Node]:
+    """The nodes, each after every node that feeds it (the workflow's own order among equals)."""
+    waiting = {node_id: 0 for node_id in workflow.nodes}
+    feeds: dict[str, list[str]] = {node_id: [] for node_id in workflow.nodes}
+    for link in workflow.links:
+        waiting[link.target.node] += 1
+        feeds[link.source.node].append(link.target.node)
+    ready = [node_id for node_id, count in waiting.items() if count == 0]
+    order = []
+    while ready:
+        node_id = ready.pop(0)
+        order.append(workflow.nodes[node_id])
+        for target in feeds[node_id]:
+            waiting[target] -= 1
+            if waiting[target] == 0:
+                ready.append(target)
+    return order
+
+
+# A sampler's inputs in the order its branches combine them: the picture (one branch per picture an
+# earlier stage made) outermost, then the settings, then the mask.
+_COMBINED_INPUTS = (PortType.IMAGE,) + tuple(p.name for p in SAMPLER_INPUTS
+                                             if p.name not in (PortType.IMAGE, PortType.MASK)) + (PortType.MASK,)
+
+
+class _Expansion:
+    """Reads every node in link order and expands each Sampler into its branches as it is reached,
+    so a sampler's branches are the picture values of the next stage."""
+
+    def __init__(self, workflow: Workflow, sources: dict[tuple[str, str], Node], limits: WorkflowLimits,
+                 problems: list[Problem], picture_files: Callable[[str], bytes] | None) -> None:
+        self.workflow, self.sources, self.limits, self.problems = workflow, sources, limits, problems
+        self.picture_files = picture_files
+        self.readings: dict[str, list[Reading]] = {}
+        self.fan: dict[str, int] = {}  # how many values each node puts out (a sampler: its branch count)
+        self.counts: dict[str, int] = {}  # each sampler's branch count
+        self.total = 0
+        self.branches: list[Branch] = []
+        self.node_branches: dict[str, list[int]] = {node_id: [] for node_id in workflow.nodes}
+        self.models_of: dict[str, list[str]] = {}
+        self.used_with: dict[str, list[str]] = {}
+
+    def run(self) -> None:
+        self._models()
+        for node in _topological(self.workflow):
+            if node.type == "sampler":
+                self._expand(node)
+                continue
+            self.readings[node.id] = self._read(node)
+            image_source = self.sources.get((node.id, PortType.IMAGE))
+            passes_on = node.type == "upscale" and image_source is not None  # one value per picture it gets
+            self.fan[node.id] = self.fan.get(image_source.id, 0) if passes_on else len(self.readings[node.id])
+
+    # ------------------------------------------------------------------ reading
+    def reader(self, node: Node, model: ModelLimits) -> _NodeReader:
+        return _NodeReader(node, self, model)
+
+    def _read(self, node: Node, model: ModelLimits | None = None) -> list[Reading]:
+        """A node's values, read for every model of the samplers it feeds (each value must suit each
+        of them); a node that feeds no sampler is read for the default model."""
+        node_type = NODE_TYPES[node.type]
+        if node_type.read is None:
+            return []
+        if model is not None:
+            return node_type.read(node.values, self.reader(node, model))
+        models = self.used_with.get(node.id) or [self.limits.default.name]
+        readings = [node_type.read(node.values, self.reader(node, self.limits.model(name))) for name in models]
+        return readings[0]  # the same values for every model, when none failed
+
+    def _models(self) -> None:
+        """Which models each sampler makes its branches with, and so each of its sources is read for."""
+        for node in self.workflow.nodes.values():
+            if node.type == "sampler":
+                source = self.sources.get((node.id, PortType.MODEL))
+                self.models_of[node.id] = ([v.value for v in self._read(source, self.limits.default)] if source
+                                           else [self.limits.default.name])
+        for (target, port), source in self.sources.items():
+            for model in self.models_of.get(target, ()):
+                if model not in self.used_with.setdefault(source.id, []):
+                    self.used_with[source.id].append(model)
+                limits = self.limits.model(model)
+                if port == PortType.NEGATIVE_PROMPT and not limits.uses_negative_prompt:
+                    who = "this model" if len(self.limits.models) == 1 else model
+                    self._problem(f"{who} takes no negative prompt: remove the link.", target, port)
+                for port_name, field_name, what in ((PortType.IMAGE, "init_image", "pictures to start from"),
+                                                    (PortType.MASK, "mask_image", "masks")):
+                    if port == port_name and field_name not in limits.image_inputs:
+                        who = "this model" if len(self.limits.models) == 1 else model
+                        self._problem(f"{who} takes no {what}: remove the link.", target, port)
+
+    def _problem(self, message: str, node_id: str | None, port: str | None = None) -> None:
+        problem = Problem(message, node_id, port)
+        if problem not in self.problems:
+            self.problems.append(problem)
+
+    # ------------------------------------------------------------------ samplers
+    def _expand(self, sampler: Node) -> None:
+        linked = [(name, self.sources[(sampler.id, name)]) for name in _COMBINED_INPUTS
+                  if (sampler.id, name) in self.sources]
+        count = math.prod(self.fan.get(source.id, 0) or 1 for _, source in linked)
+        self.counts[sampler.id] = self.fan[sampler.id] = count
+        self.total += count
+        self.readings[sampler.id] = []
+        names = {name for name, _ in linked}
+        for port, what in ((PortType.MASK, "a mask"), (PortType.STRENGTH, "a strength")):
+            if port in names and PortType.IMAGE not in names:
+                self._problem(f"{what} needs a picture to redraw: link an image input too.", sampler.id, port)
+        if self.problems or self.total > self.limits.max_branches:
+            return  # counted only: nothing runs, and later branches would be read for nothing
+        sources = self._branch_sources(sampler, linked)
+        for combination in itertools.product(*[list(enumerate(self.readings[source.id])) for _, source in linked]):
+            self._add_branch(sampler, linked, combination, sources)
+        members = self._members(sampler)
+        for branch in self.branches:
+            if branch.sampler == sampler.id:
+                for node_id in members:
+                    self.node_branches[node_id].append(branch.index)
+        self.readings[sampler.id] = [Reading(StartImage(branch=b.index), b.label)
+                                     for b in self.branches if b.sampler == sampler.id]
+
+    def _branch_sources(self, sampler: Node, linked: list[tuple[str, Node]]) -> tuple:
+        """GenerationParams field -> (node, field) that sets it, for the sampler's branches."""
+        sources = [(param, (source.id, NODE_TYPES[source.type].field_for(param)))
+                   for input_name, source in linked for param in PARAMS_OF_PORT.get(input_name, ())]
+        for input_name, field_name in ((PortType.IMAGE, "init_image"), (PortType.MASK, "mask_image")):
+            if input_name in dict(linked):
+                sources.append((field_name, (sampler.id, input_name)))
+        image = self.readings.get(dict(linked)[PortType.IMAGE].id) if PortType.IMAGE in dict(linked) else None
+        if image and PortType.SIZE not in dict(linked):  # the picture sets the size
+            sized_by = image[0].value.sized_by or (sampler.id, PortType.IMAGE)
+            sources += [("width", sized_by), ("height", sized_by)]
+        return tuple(sources)
+
+    def _add_branch(self, sampler: Node, linked: list[tuple[str, Node]], combination: tuple, sources: tuple) -> None:
+        fields: dict[str, Any] = {}
+        own_axes, inherited, start, mask = [], [], None, None
+        for (input_name, source), (value_index, value) in zip(linked, combination):
+            if input_name == PortType.IMAGE:
+                start = value.value
+                if start.branch is not None:
+                    inherited = list(self.branches[start.branch].axes)
+            elif input_name == PortType.MASK:
+                mask = value.value
+            else:
+                fields[input_name] = value.value
+                if NODE_TYPES[source.type].is_fan_out:
+                    own_axes.append(AxisValue(input_name, value_index, value.label))
+        own = {axis.input for axis in own_axes}
+        parent_sampler = self.branches[start.branch].sampler if start is not None and start.branch is not None else ""
+        axes = own_axes + [replace(axis, input=f"{axis.input} (node {parent_sampler})") if axis.input in own else axis
+                           for axis in inherited]
+        model = fields.get(PortType.MODEL, self.limits.default.name)
+        branch_start = None
+        if start is not None:
+            multiple = self.limits.model(model).size_multiple
+            branch_start = BranchStart(start.picture, start.branch, start.scale, multiple, mask)
+            if PortType.SIZE not in fields and start.picture is not None:  # known now: check it now
+                fields[PortType.SIZE] = branch_start.size_from(start.picture.size)
+                if not self._size_ok(fields[PortType.SIZE], model, start.sized_by or (sampler.id, PortType.IMAGE)):
+                    return
+        try:
+            params = _params(fields, self.limits.default.name)
+        except ParamError as error:  # a rule no node's own check asked (each value was checked alone)
+            self._problem(error.message, *dict(sources).get(error.field, (sampler.id, None)))
+            return
+        self.branches.append(Branch(len(self.branches), sampler.id, params, tuple(axes), sources, branch_start))
+
+    def _size_ok(self, size: tuple[int, int], model: str, at: tuple[str, str]) -> bool:
+        try:
+            self.limits.model(model).check({"width": size[0], "height": size[1]},
+                                           name_in_caps=len(self.limits.models) > 1)
+        except ParamError as error:
+            self._problem(f"the picture makes a {size[0]}x{size[1]} request: {error.message}", *at)
+            return False
+        return True
+
+    def _members(self, sampler: Node) -> list[str]:
+        """The sampler and every node upstream of it up to the samplers before it: the nodes its
+        branches take part in."""
+        members, pending = [sampler.id], [sampler.id]
+        while pending:
+            node_id = pending.pop()
+            for port in NODE_TYPES[self.workflow.nodes[node_id].type].inputs:
+                source = self.sources.get((node_id, port.name))
+                if source is not None and source.type != "sampler" and source.id not in members:
+                    members.append(source.id)
+                    pending.append(source.id)
+        return members
+
+
 def _params(fields: dict[str, Any], default_model: str) -> GenerationParams:
     size = fields.get(PortType.SIZE)
     return GenerationParams(
@@ -339,38 +556,8 @@ def _params(fields: dict[str, Any], default_model: str) -> GenerationParams:
         scheduler=fields.get(PortType.SCHEDULER),
         num_frames=fields.get(PortType.FRAMES),
         model=fields.get(PortType.MODEL, default_model),
+        strength=fields.get(PortType.STRENGTH),
     )
-
-
-def _read_values(workflow: Workflow, sources: dict[tuple[str, str], Node], limits: WorkflowLimits,
-                 problems: list[Problem]) -> dict[str, list[Reading]]:
-    """Every node's values, read for the models of the samplers it feeds (each value must suit
-    every one of them); a node feeding no sampler is read for the default model."""
-
-    def read(node: Node, model: ModelLimits) -> list[Reading]:
-        node_type = NODE_TYPES[node.type]
-        return node_type.read(node.values, _NodeReader(node, problems, model, limits)) if node_type.read else []
-
-    models_of: dict[str, list[str]] = {}
-    for node in workflow.nodes.values():
-        if node.type == "sampler":
-            source = sources.get((node.id, PortType.MODEL))
-            models_of[node.id] = [v.value for v in read(source, limits.default)] if source else [limits.default.name]
-    used_with: dict[str, list[str]] = {}
-    for (target, port), source in sources.items():
-        for model in models_of.get(target, ()):
-            if model not in used_with.setdefault(source.id, []):
-                used_with[source.id].append(model)
-            if port == PortType.NEGATIVE_PROMPT and not limits.model(model).uses_negative_prompt:
-                who = "this model" if len(limits.models) == 1 else model
-                problem = Problem(f"{who} takes no negative prompt: remove the link.", target, port)
-                if problem not in problems:
-                    problems.append(problem)
-    values = {}
-    for node in workflow.nodes.values():
-        readings = [read(node, limits.model(model)) for model in used_with.get(node.id) or [limits.default.name]]
-        values[node.id] = readings[0]  # the same values for every model, when none failed
-    return values
 
 
 def with_run_settings(branch: Branch, seed: int, preview_every: int) -> GenerationParams:

@@ -21,12 +21,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.params import MAX_PROMPT_CHARS
+from studio.pictures import MAX_DATA_URL_CHARS
 from studio.workflows.nodes import NODE_TYPES
 
 WORKFLOW_VERSION = 1
-# Bounds on what one workflow may hold: a hand-built graph has tens of nodes. The byte limit holds
+# Bounds on what one workflow may hold: a hand-built graph has tens of nodes. The byte limits hold
 # however a workflow arrives: JSON text by its UTF-8 bytes, a decoded object by its compact JSON.
+# Pictures (Load image, a painted Mask: data URLs) are counted apart: the graph without them is at
+# most MAX_WORKFLOW_BYTES, each picture at most MAX_PICTURE_CHARS, and everything together at most
+# MAX_WORKFLOW_WITH_PICTURES_BYTES.
 MAX_WORKFLOW_BYTES = 256 * 1024
+MAX_PICTURE_CHARS = MAX_DATA_URL_CHARS  # an 8 MiB picture as a data URL
+MAX_WORKFLOW_WITH_PICTURES_BYTES = 32 * 2**20
+# A saved PNG's `workflow` text keeps its pictures while it stays under this size (Pillow reads
+# texts up to 1 MiB back: PngImagePlugin.MAX_TEXT_CHUNK); above it, the pictures are left out.
+MAX_SAVED_WORKFLOW_CHARS = 900 * 1024
 MAX_WORKFLOW_DEPTH = 16  # lists and objects inside each other; the format itself needs 5
 MAX_NODES = 200
 MAX_LINKS = 400
@@ -176,19 +185,53 @@ def json_bytes(value: object) -> int:
     return _utf8_bytes(text)
 
 
-def _value_problem(node_id: str, name: object, value: object) -> Problem | None:
-    """A node value longer than a prompt may be (text by its characters, others by their JSON)."""
+def _value_problem(node_id: str, name: object, value: object, limit: int) -> Problem | None:
+    """A node value longer than `limit` (a prompt's, or a picture's), text by its characters,
+    others by their JSON."""
     size = len(value) if isinstance(value, str) else json_bytes(value)
-    if size <= MAX_VALUE_CHARS:
+    if size <= limit:
         return None
     what = "characters long" if isinstance(value, str) else "characters long as JSON"
-    return Problem(f"is {size} {what}; at most {MAX_VALUE_CHARS} are allowed.", node_id, str(name)[:MAX_ID_CHARS])
+    return Problem(f"is {size} {what}; at most {limit} are allowed.", node_id, str(name)[:MAX_ID_CHARS])
 
 
-def _check_size(size: int, measured_as: str) -> None:
-    if size > MAX_WORKFLOW_BYTES:
-        raise WorkflowError([Problem(f"the workflow is {size} bytes{measured_as}; at most {MAX_WORKFLOW_BYTES} "
-                                     "are allowed.")])
+def _check_size(size: int, measured_as: str, limit: int = MAX_WORKFLOW_BYTES) -> None:
+    if size > limit:
+        raise WorkflowError([Problem(f"the workflow is {size} bytes{measured_as}; at most {limit} are allowed.")])
+
+
+def _picture_values(source: dict) -> list[tuple[dict, str]]:
+    """(values object, field) of every picture a decoded workflow carries (a Load image's, a
+    painted Mask's), found by the node types' picture fields."""
+    found = []
+    nodes = source.get("nodes")
+    for raw in nodes if isinstance(nodes, list) else ():
+        node_type = NODE_TYPES.get(raw.get("type")) if isinstance(raw, dict) and isinstance(raw.get("type"), str) else None
+        values = raw.get("values") if node_type is not None else None
+        if isinstance(values, dict):
+            found += [(values, name) for name in node_type.picture_fields if isinstance(values.get(name), str)]
+    return found
+
+
+def _without_pictures(source: dict) -> tuple[dict, int]:
+    """The workflow with every picture value emptied (a copy of what changes), and how many there were."""
+    pictures = _picture_values(source)
+    if not pictures:
+        return source, 0
+    emptied = {id(values): {**values, **{name: "" for v, name in pictures if v is values}} for values, _ in pictures}
+    nodes = [{**raw, "values": emptied[id(raw["values"])]} if isinstance(raw, dict) and id(raw.get("values")) in emptied
+             else raw for raw in source["nodes"]]
+    return {**source, "nodes": nodes}, len(pictures)
+
+
+def for_saving(workflow: dict) -> dict:
+    """The workflow as a saved PNG's `workflow` text carries it: whole while its JSON is at most
+    MAX_SAVED_WORKFLOW_CHARS, else with its pictures left out (their Load image nodes then ask for
+    a picture when the workflow is opened) and `pictures_left_out` saying how many."""
+    if len(json.dumps(workflow, ensure_ascii=False)) <= MAX_SAVED_WORKFLOW_CHARS:
+        return workflow
+    emptied, count = _without_pictures(workflow)
+    return {**emptied, "pictures_left_out": count} if count else workflow
 
 
 def parse_workflow(source: str | bytes | dict) -> Workflow:
@@ -197,16 +240,28 @@ def parse_workflow(source: str | bytes | dict) -> Workflow:
     JSON), nested too deep, a node value too long, wrong version, unknown node types, links to
     missing nodes or ports, an input linked twice."""
     if isinstance(source, (str, bytes)):
-        _check_size(len(source) if isinstance(source, bytes) else _utf8_bytes(source), "")
+        text_bytes = len(source) if isinstance(source, bytes) else _utf8_bytes(source)
+        _check_size(text_bytes, "", MAX_WORKFLOW_WITH_PICTURES_BYTES)
         try:
             source = json.loads(source)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            if text_bytes > MAX_WORKFLOW_BYTES:  # too large to be a workflow without pictures anyway
+                _check_size(text_bytes, "")
             raise WorkflowError([Problem(f"the workflow is not valid JSON ({exc}).")]) from None
         except RecursionError:  # nested far past the depth limit
             raise _too_deep() from None
         _check_depth(source)
+        if isinstance(source, dict):
+            graph, pictures = _without_pictures(source)
+            _check_size(json_bytes(graph) if pictures else text_bytes,
+                        " as compact JSON without its pictures" if pictures else "")
     else:
-        _check_size(json_bytes(source), " as compact JSON")
+        size = json_bytes(source)
+        _check_size(size, " as compact JSON", MAX_WORKFLOW_WITH_PICTURES_BYTES)
+        if isinstance(source, dict):
+            graph, pictures = _without_pictures(source)
+            _check_size(json_bytes(graph) if pictures else size,
+                        " as compact JSON" + (" without its pictures" if pictures else ""))
     if not isinstance(source, dict):
         raise WorkflowError([Problem(
             f"a workflow is a JSON object with version, nodes and links; got {type(source).__name__}.")])
@@ -240,8 +295,9 @@ def parse_workflow(source: str | bytes | dict) -> Workflow:
         if not isinstance(values, dict):
             problems.append(Problem(f"values must be a JSON object, got {type(values).__name__}.", node_id))
             continue
+        pictures = NODE_TYPES[node_type].picture_fields
         for name, value in values.items():
-            problem = _value_problem(node_id, name, value)
+            problem = _value_problem(node_id, name, value, MAX_PICTURE_CHARS if name in pictures else MAX_VALUE_CHARS)
             if problem is not None:
                 problems.append(problem)  # the node still counts, so its links are checked
         merged = NODE_TYPES[node_type].default_values()

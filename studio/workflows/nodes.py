@@ -5,18 +5,35 @@ The browser editor draws its palette from `node_type_specs()`, the compiler read
 through its type's `read`, and the Simple tab builds its form's nodes with `NodeType.node`.
 
 Reading a node only parses (numbers may arrive as text, sizes as "64x64", sweeps as comma
-lists) and bounds its fan-out; whether a value suits the loaded model is the engine's rule,
-asked through `ValueReader.check` (pipelines.params, pipelines.validation, engine.limits).
+lists, pictures as data URLs) and bounds its fan-out; whether a value suits the loaded model is
+the engine's rule, asked through `ValueReader.check` (pipelines.params, pipelines.validation,
+engine.limits). A node with inputs (Upscale, Mask) reads what its links bring through
+`ValueReader.linked`; a Sampler's output is its branches, which the compiler makes.
 Pure: imports neither gradio nor torch.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol
 
+from PIL import Image
+
+from studio.pictures import (
+    MAX_UPLOAD_BYTES,
+    MAX_UPLOAD_SIDE,
+    MaskSpec,
+    data_url_bytes,
+    has_transparency,
+    is_data_url,
+    mask_from_transparency,
+    open_upload,
+)
+
 MAX_FAN_OUT_VALUES = 256  # values in one fan-out node
+UPSCALE_RANGE = (0.25, 4.0)
+MAX_MASK_SIDE = 8192
 
 
 class PortType:
@@ -31,7 +48,16 @@ class PortType:
     SCHEDULER = "scheduler"
     FRAMES = "frames"  # a video's frame count
     MODEL = "model"  # which loaded model makes the branch
+    STRENGTH = "strength"  # how much of a picture a sampler redraws (0..1)
     IMAGES = "images"  # a sampler's branches: their previews, images and settings
+    IMAGE = "image"  # a picture to start from: a Load image's, an Upscale's, or a sampler's results
+    MASK = "mask"  # which part of the picture to repaint
+
+
+def accepts(input_type: str, output_type: str | None) -> bool:
+    """Whether an input of `input_type` takes a link from an output of `output_type`: the same
+    type, or a sampler's images into a picture input (one stage feeding the next)."""
+    return output_type == input_type or (input_type == PortType.IMAGE and output_type == PortType.IMAGES)
 
 
 # The GenerationParams fields a value of each port type sets.
@@ -39,14 +65,14 @@ PARAMS_OF_PORT = {
     PortType.PROMPT: ("prompt",), PortType.NEGATIVE_PROMPT: ("negative_prompt",), PortType.SEED: ("seed",),
     PortType.SIZE: ("width", "height"), PortType.STEPS: ("num_inference_steps",),
     PortType.GUIDANCE: ("guidance_scale",), PortType.SCHEDULER: ("scheduler",), PortType.FRAMES: ("num_frames",),
-    PortType.MODEL: ("model",),
+    PortType.MODEL: ("model",), PortType.STRENGTH: ("strength",),
 }
 # What a Sweep node may vary: its `param` value decides its output type.
 SWEEPABLE = (PortType.GUIDANCE, PortType.STEPS, PortType.SCHEDULER, PortType.SIZE, PortType.SEED, PortType.FRAMES,
-             PortType.MODEL)
-# A Grid's axes name a sampler input that a fan-out node feeds.
+             PortType.MODEL, PortType.STRENGTH)
+# A Grid's axes name a sampler input that a fan-out node feeds (or an earlier stage's, inherited).
 GRID_AXES = ("auto", PortType.PROMPT, PortType.NEGATIVE_PROMPT, PortType.SEED, PortType.SIZE, PortType.STEPS,
-             PortType.GUIDANCE, PortType.SCHEDULER, PortType.FRAMES, PortType.MODEL)
+             PortType.GUIDANCE, PortType.SCHEDULER, PortType.FRAMES, PortType.MODEL, PortType.STRENGTH)
 
 
 # ---------------------------------------------------------------------------- reading values
@@ -58,10 +84,24 @@ class Reading:
     label: str
 
 
+@dataclass(frozen=True)
+class StartImage:
+    """A picture a sampler starts from, as it flows along `image` links: a Load image's picture
+    (in its own mode, so a Mask can read its alpha), or the result of an earlier branch; `scale`:
+    the Upscale factors on the way, multiplied; `sized_by`: the (node, field) that set its size
+    (named when the size is refused)."""
+
+    picture: Image.Image | None = field(default=None, compare=False)
+    branch: int | None = None
+    scale: float = 1.0
+    sized_by: tuple[str, str] | None = None
+
+
 class ValueReader(Protocol):
     """What a node's `read` reports to (the compiler implements it, for one node and one model)."""
 
     default_model: str
+    node_id: str  # the node being read
 
     def fail(self, field: str, message: str) -> None:
         """Note a problem at one of the node's fields."""
@@ -69,6 +109,13 @@ class ValueReader(Protocol):
     def check(self, at: str | None = None, **values: Any) -> bool:
         """The engine's rules for these GenerationParams values on the model being read for. A refusal
         becomes a problem at `at`, or at the node field that sets the refused field; False then."""
+
+    def linked(self, port: str) -> list[Reading] | None:
+        """What the link into one of the node's inputs brings (None: the input is not linked)."""
+
+    def picture_file(self, name: str) -> bytes:
+        """A saved result's file by its name in the outputs folder, when it is the caller's own;
+        ValueError saying why not."""
 
 
 Read = Callable[[dict[str, Any], ValueReader], list[Reading]]
@@ -119,6 +166,11 @@ def _seed(reader: ValueReader, field: str, raw: object) -> Reading | None:
 def _frames(reader: ValueReader, field: str, raw: object) -> Reading | None:
     value = read_number(reader, field, raw, whole=True)
     return _checked(reader, field, value, str(value), num_frames=value)
+
+
+def _strength(reader: ValueReader, field: str, raw: object) -> Reading | None:
+    value = read_number(reader, field, raw, whole=False)
+    return _checked(reader, field, value, f"{value:g}" if value is not None else "", strength=value)
 
 
 def _scheduler(reader: ValueReader, field: str, raw: object) -> Reading | None:
@@ -173,6 +225,7 @@ VALUE_OF_PORT: dict[str, Callable[[ValueReader, str, object], Reading | None]] =
     PortType.SCHEDULER: _scheduler,
     PortType.FRAMES: _frames,
     PortType.MODEL: _model,
+    PortType.STRENGTH: _strength,
 }
 
 
@@ -243,6 +296,72 @@ def _read_sweep(values: dict[str, Any], reader: ValueReader) -> list[Reading]:
     return [] if None in readings else readings
 
 
+# ---------------------------------------------------------------------------- pictures
+def _picture(reader: ValueReader, field: str, raw: object, what: str) -> Image.Image | None:
+    """A picture field's value: a data URL, or the name of one of the caller's saved results."""
+    if not isinstance(raw, str) or not raw.strip():
+        reader.fail(field, f"has no picture: {what}.")
+        return None
+    try:
+        data = data_url_bytes(raw, field) if is_data_url(raw) else reader.picture_file(raw.strip())
+        return open_upload(data, field, MAX_UPLOAD_SIDE, MAX_UPLOAD_BYTES)
+    except ValueError as error:  # ParamError too: its text names the field
+        reader.fail(field, str(error))
+        return None
+
+
+def _read_load_image(values: dict[str, Any], reader: ValueReader) -> list[Reading]:
+    picture = _picture(reader, "image", values["image"], "upload one, drop one on the node or pick a saved result")
+    if picture is None:
+        return []
+    return [Reading(StartImage(picture=picture, sized_by=(reader.node_id, "image")), f"{picture.width}x{picture.height}")]
+
+
+def _read_upscale(values: dict[str, Any], reader: ValueReader) -> list[Reading]:
+    factor = read_number(reader, "factor", values["factor"], whole=False)
+    low, high = UPSCALE_RANGE
+    if factor is not None and not low <= factor <= high:
+        reader.fail("factor", f"{factor:g} is out of range: allowed is {low:g}..{high:g}.")
+        return []
+    if factor is None:
+        return []
+    return [Reading(replace(reading.value, scale=reading.value.scale * factor, sized_by=(reader.node_id, "factor")),
+                    reading.label) for reading in reader.linked(PortType.IMAGE) or ()]
+
+
+MASK_SOURCES = ("rectangle", "alpha", "painted")
+
+
+def _read_mask(values: dict[str, Any], reader: ValueReader) -> list[Reading]:
+    source, invert = values["source"], values["invert"] == "yes"
+    if source == "rectangle":
+        box = [read_number(reader, name, values[name], whole=True) for name in ("x", "y", "width", "height")]
+        for name, value, low in zip(("x", "y", "width", "height"), box, (0, 0, 1, 1)):
+            if value is not None and not low <= value <= MAX_MASK_SIDE:
+                reader.fail(name, f"{value} is out of range: allowed is {low}..{MAX_MASK_SIDE} (pixels of the picture).")
+                return []
+        return [] if None in box else [Reading(MaskSpec(box=tuple(box), invert=invert), "rectangle")]
+    if source == "painted":
+        picture = _picture(reader, "painted", values["painted"], "paint the part to repaint (Paint…)")
+        return [] if picture is None else [Reading(MaskSpec(picture=picture.convert("L"), invert=invert), "painted")]
+    if source != "alpha":
+        reader.fail("source", f"{source!r:.30} is not a mask source; choose one of: {', '.join(MASK_SOURCES)}.")
+        return []
+    linked = reader.linked(PortType.IMAGE)
+    if linked is None:
+        reader.fail("image", "a mask from alpha needs a picture: link a Load image with transparent pixels.")
+        return []
+    readings = []
+    for reading in linked:
+        picture = reading.value.picture
+        if picture is None or not has_transparency(picture):
+            reader.fail("image", "a mask from alpha needs a Load image whose picture has transparent pixels "
+                                 "(a PNG with an alpha channel).")
+            return []
+        readings.append(Reading(MaskSpec(picture=mask_from_transparency(picture), invert=invert), "alpha"))
+    return readings
+
+
 # ---------------------------------------------------------------------------- the types
 @dataclass(frozen=True)
 class Port:
@@ -251,6 +370,11 @@ class Port:
     required: bool = False
     typed_by: str | None = None
 
+    @property
+    def accepts(self) -> tuple[str, ...]:
+        """The output types an input takes (see `accepts`)."""
+        return tuple(t for t in (self.type, PortType.IMAGES) if accepts(self.type, t))
+
 
 @dataclass(frozen=True)
 class Field:
@@ -258,19 +382,20 @@ class Field:
     GenerationParams fields it sets (so an engine refusal of one of them is shown at this field)."""
 
     name: str
-    kind: str  # "text" | "lines" | "int" | "float" | "choice" | "scheduler" | "model"
+    kind: str  # "text" | "lines" | "int" | "float" | "choice" | "scheduler" | "model" | "picture" | "mask"
     default: Any
     label: str
     choices: tuple[str, ...] = ()
     help: str = ""
     sets: tuple[str, ...] = ()
+    step: float | None = None  # a number field's step in the editor (None: the editor's own)
 
 
 @dataclass(frozen=True)
 class NodeType:
     name: str
     title: str
-    category: str  # "values" | "fan-out" | "sampler" | "outputs"
+    category: str  # "values" | "fan-out" | "pictures" | "sampler" | "outputs"
     description: str
     inputs: tuple[Port, ...] = ()
     outputs: tuple[Port, ...] = ()
@@ -279,6 +404,11 @@ class NodeType:
     # What the editor draws inside the node while a run goes: "branch_bars" (a step bar per
     # branch), "previews" (each branch's latest preview), "results" (finished images), "grid".
     live_view: str | None = None
+
+    @property
+    def picture_fields(self) -> tuple[str, ...]:
+        """The fields that hold a picture (a data URL): larger than other values, and counted apart."""
+        return tuple(f.name for f in self.fields if f.kind in ("picture", "mask"))
 
     def input(self, name: str) -> Port | None:
         return next((port for port in self.inputs if port.name == name), None)
@@ -321,7 +451,8 @@ def _value_node(name: str, title: str, port_type: str, fields: tuple[Field, ...]
                     read=read or _one_value(port_type, fields[0].name))
 
 
-SAMPLER_INPUTS = tuple(Port(port, port, required=port == PortType.PROMPT) for port in PARAMS_OF_PORT)
+SAMPLER_INPUTS = tuple(Port(port, port, required=port == PortType.PROMPT) for port in PARAMS_OF_PORT) + (
+    Port(PortType.IMAGE, PortType.IMAGE), Port(PortType.MASK, PortType.MASK))
 
 NODE_TYPES: dict[str, NodeType] = {
     node_type.name: node_type
@@ -348,6 +479,31 @@ NODE_TYPES: dict[str, NodeType] = {
         _value_node("model", "Model", PortType.MODEL,
                     (Field("name", "model", "", "Model", help="empty: the studio's default model"),),
                     "Which loaded model makes the branch."),
+        _value_node("strength", "Strength", PortType.STRENGTH,
+                    (Field("strength", "float", 0.6, "Strength", help="0 keeps the picture, 1 redraws it from noise",
+                           step=0.05),),
+                    "How much of its picture a sampler redraws."),
+        NodeType("load_image", "Load image", "pictures",
+                 "A picture to start from: upload one, drop one on the node, or pick a saved result.",
+                 outputs=(Port(PortType.IMAGE, PortType.IMAGE),),
+                 fields=(Field("image", "picture", "", "Picture", sets=("init_image",)),), read=_read_load_image),
+        NodeType("mask", "Mask", "pictures",
+                 "Which part of the picture a sampler repaints: a rectangle (pixels of the sampler's picture), "
+                 "the transparent part of a Load image, or painted.",
+                 inputs=(Port(PortType.IMAGE, PortType.IMAGE),), outputs=(Port(PortType.MASK, PortType.MASK),),
+                 fields=(Field("source", "choice", "rectangle", "From", choices=MASK_SOURCES),
+                         Field("x", "int", 0, "X"), Field("y", "int", 0, "Y"),
+                         Field("width", "int", 32, "Width"), Field("height", "int", 32, "Height"),
+                         Field("invert", "choice", "no", "Invert", choices=("no", "yes")),
+                         Field("painted", "mask", "", "Painted", help="white = repaint", sets=("mask_image",))),
+                 read=_read_mask),
+        NodeType("upscale", "Upscale", "pictures",
+                 "Enlarges a picture (Lanczos) before the next sampler redraws it: the hires fix.",
+                 inputs=(Port(PortType.IMAGE, PortType.IMAGE, required=True),),
+                 outputs=(Port(PortType.IMAGE, PortType.IMAGE),),
+                 fields=(Field("factor", "float", 2.0, "Factor", step=0.25, help="0.25..4; the size is rounded to the model's "
+                                                                      "multiple", sets=("width", "height")),),
+                 read=_read_upscale),
         NodeType("prompt_list", "Prompt list", "fan-out", "One branch per line.",
                  outputs=(Port(PortType.PROMPT, PortType.PROMPT),),
                  fields=(Field("prompts", "lines", "", "Prompts, one per line", sets=("prompt",)),),
@@ -392,10 +548,11 @@ def node_type_specs(field_defaults: dict[str, dict[str, Any]] | None = None) -> 
             "title": node_type.title,
             "category": node_type.category,
             "description": node_type.description,
-            "inputs": [{"name": p.name, "type": p.type, "required": p.required} for p in node_type.inputs],
+            "inputs": [{"name": p.name, "type": p.type, "required": p.required, "accepts": list(p.accepts)}
+                       for p in node_type.inputs],
             "outputs": [{"name": p.name, "type": p.type, "typed_by": p.typed_by} for p in node_type.outputs],
             "live_view": node_type.live_view,
             "fields": [{"name": f.name, "kind": f.kind, "default": overrides.get(f.name, f.default), "label": f.label,
-                        "choices": list(f.choices), "help": f.help} for f in node_type.fields],
+                        "choices": list(f.choices), "help": f.help, "step": f.step} for f in node_type.fields],
         })
     return specs

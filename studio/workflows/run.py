@@ -18,9 +18,18 @@ other sessions' requests) share each denoise forward.
 
 Every branch is validated by the engine (`prepare_params`: model defaults, seed, the model's
 and server's limits) before the first one is submitted, so a run either starts whole or not
-at all. Each submitted branch is followed by a studio.tracker `RequestTracker` (its status is
-the branch's, its cancel the branch's cancel). Aggregation: each node's state comes from the
-branches it takes part in.
+at all; a branch that starts from an earlier stage's image is validated with a stand-in picture
+of the size it will have. Each submitted branch is followed by a studio.tracker
+`RequestTracker` (its status is the branch's, its cancel the branch's cancel). Aggregation:
+each node's state comes from the branches it takes part in.
+
+Stages: a branch that starts from another branch's image waits in the run's queue until that
+branch has finished, and is submitted then (no barrier between stages: stage 2 of one branch
+denoises beside stage 1 of another). Ready later-stage branches go to the engine before
+earlier-stage ones still waiting, so finished results come sooner. Its picture (resized to the
+branch's size, Lanczos) and mask are made in a worker thread. When the branch it starts from
+is cancelled or fails, it ends "aborted" without running; cancelling a branch cancels every
+branch that starts from it.
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ from studio.tracker import (
     RequestTracker,
     Status,
 )
+from studio.pictures import sized
 from studio.workflows.compiler import Branch, CompiledWorkflow, with_run_settings
 from studio.workflows.format import Problem, WorkflowError
 from studio.workflows.grid import render_grid
@@ -164,24 +174,34 @@ class WorkflowRun:
         self.run_id = uuid.uuid4().hex
         self.sequence = next(_RUN_SEQUENCE)  # start order of runs in this process
         seeds = _random_sampler_seeds(compiled)
-        problems, views = [], []
+        problems: list[Problem] = []
+        prepared: dict[int, GenerationParams] = {}
         for branch in compiled.branches:
+            if branch.parent is not None and branch.parent not in prepared:
+                continue  # the branch it starts from was refused (that is the problem reported)
             try:
-                params = engine.prepare_params(with_run_settings(branch, seeds[branch.sampler], preview_every))
+                params = engine.prepare_params(_with_stand_in_pictures(
+                    branch, with_run_settings(branch, seeds[branch.sampler], preview_every), prepared))
             except ValueError as exc:
                 # The refused field names the node and port that set it; other refusals, the sampler.
                 node_id, port = branch.source_of(exc.field) if isinstance(exc, ParamError) else (branch.sampler, None)
                 problems.append(Problem(f"branch {branch.index} ({branch.label}): {exc}", node_id, port))
                 continue
-            views.append(BranchView(branch, params, Status.waiting(params)))
+            prepared[branch.index] = params
         if problems:
             raise WorkflowError(problems)
         # Written only on the run's event loop: each event replaces its branch's view.
-        self.branches: list[BranchView] = views
+        self.branches: list[BranchView] = [BranchView(b, prepared[b.index], Status.waiting(prepared[b.index]))
+                                           for b in compiled.branches]
+        self._children: dict[int, list[int]] = {}
+        for branch in compiled.branches:
+            if branch.parent is not None:
+                self._children.setdefault(branch.parent, []).append(branch.index)
         self._trackers: dict[int, RequestTracker] = {}  # the submitted branches
-        self._next_to_submit = 0
+        self._pictures: dict[int, tuple] = {}  # branch -> (init image, mask) made for it, once ready
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inbox: asyncio.Queue | None = None
+        self._tasks: list[asyncio.Task] = []  # listeners and picture makers, cancelled at the end
         self._lock = threading.Lock()  # cancels may come from other threads
         self._cancel_requests: list[int | None] = []  # None = the whole run
         self._grid_cache: dict[str, tuple[int, Image.Image]] = {}
@@ -193,17 +213,19 @@ class WorkflowRun:
         self._request_cancel(None)
 
     def cancel_branch(self, index: int) -> bool:
-        """Stop one branch; False when there is no such branch or it already ended."""
+        """Stop one branch, and every branch of a later stage that starts from it; False when there
+        is no such branch or it already ended."""
         if not 0 <= index < len(self.branches) or self.branches[index].is_finished:
             return False
         self._request_cancel(index)
         return True
 
     def _request_cancel(self, index: int | None) -> None:
+        targets = None if index is None else {index, *self.compiled.descendants(index)}
         with self._lock:
             self._cancel_requests.append(index)
             loop, inbox = self._loop, self._inbox
-            submitted = [tracker for i, tracker in self._trackers.items() if index is None or i == index]
+            submitted = [tracker for i, tracker in self._trackers.items() if targets is None or i in targets]
         # Submitted branches are told at once (non-blocking; each tracker asks the engine once), so
         # the engine stops them at its next step boundary whatever the run's own loop is doing; the
         # loop marks the waiting ones.
@@ -222,10 +244,11 @@ class WorkflowRun:
         inbox: asyncio.Queue = asyncio.Queue()
         with self._lock:
             self._loop, self._inbox = asyncio.get_running_loop(), inbox
-        listeners: list[asyncio.Task] = []
         try:
             self._apply_cancels()
-            self._submit_more(inbox, listeners)
+            self._make_pictures([b.branch.index for b in self.branches
+                                 if b.branch.start is not None and b.branch.parent is None])
+            self._submit_more()
             self._count_waiting()
             await self._draw_grids()
             yield self.view()
@@ -235,7 +258,7 @@ class WorkflowRun:
                 while not inbox.empty():  # one view for everything that happened in this step
                     self._apply(*inbox.get_nowait())
                 self._apply_cancels()
-                self._submit_more(inbox, listeners)
+                self._submit_more()
                 self._count_waiting()
                 await self._draw_grids()
                 yield self.view()
@@ -245,19 +268,44 @@ class WorkflowRun:
                 self._loop = self._inbox = None
             for tracker in self._trackers.values():
                 tracker.cancel()  # non-blocking; a no-op for ended or already cancelled requests
-            for task in listeners:
+            for task in self._tasks:
                 task.cancel()
 
     def _apply(self, kind: str, payload) -> None:
         if kind == "status":
             index, status = payload
             self.branches[index] = replace(self.branches[index], status=status)
+            if status.state == COMPLETED and index in self._children:
+                self._make_pictures(self._children[index])
+        elif kind == "pictures":
+            self._pictures.update(payload)
+
+    def _make_pictures(self, indices: list[int]) -> None:
+        """Make the pictures of branches whose source is ready (a Load image's, or a finished
+        branch's image) in a worker thread; they arrive in the inbox as a "pictures" event."""
+        if not indices:
+            return
+        jobs = []
+        for index in indices:
+            view = self.branches[index]
+            start = view.branch.start
+            source = start.picture if start.parent is None else result_image(self.branches[start.parent])
+            jobs.append((index, source, (view.params.width, view.params.height), start.mask))
+
+        def make() -> dict[int, tuple]:
+            return {index: (sized(source, size), None if mask is None else mask.render(size))
+                    for index, source, size, mask in jobs}
+
+        async def deliver(inbox: asyncio.Queue) -> None:
+            inbox.put_nowait(("pictures", await asyncio.to_thread(make)))
+
+        self._tasks.append(asyncio.ensure_future(deliver(self._inbox)))
 
     def _apply_cancels(self) -> None:
         with self._lock:
             requests, self._cancel_requests = self._cancel_requests, []
         for index in requests:
-            targets = range(len(self.branches)) if index is None else (index,)
+            targets = range(len(self.branches)) if index is None else (index, *self.compiled.descendants(index))
             for i in targets:
                 if self.branches[i].is_finished:
                     continue
@@ -274,21 +322,38 @@ class WorkflowRun:
         self.engine.metrics.branches_waiting.inc(waiting - self._waiting_counted)
         self._waiting_counted = waiting
 
-    def _submit_more(self, inbox: asyncio.Queue, listeners: list[asyncio.Task]) -> None:
-        """Submit waiting branches in order until the engine has no room (this session's limit).
-        A refusal for room is the branch still waiting, not a refused call: the engine is told so
-        (`from_waiting_queue`) and does not count it as a rejected request."""
-        while self._next_to_submit < len(self.branches):
-            progress = self.branches[self._next_to_submit]
-            if progress.is_finished:  # cancelled while waiting
-                self._next_to_submit += 1
+    def _ready(self) -> list[int]:
+        """The waiting branches that may go to the engine now, later stages first (each stage in
+        branch order). A branch whose source branch ended without an image ends here."""
+        ready = []
+        for view in self.branches:
+            index, parent = view.branch.index, view.branch.parent
+            if view.state != WAITING or index in self._trackers:
                 continue
+            if parent is not None and self.branches[parent].is_finished and self.branches[parent].result is None:
+                self._stop(index, ABORTED, f"not run: branch {parent}, whose image it starts from, "
+                                           f"{'was cancelled' if self.branches[parent].state == ABORTED else 'failed'}")
+            elif view.branch.start is None or index in self._pictures:
+                ready.append(index)
+        return sorted(ready, key=lambda i: (self.branches[i].branch.parent is None, i))
+
+    def _submit_more(self) -> None:
+        """Submit ready branches until the engine has no room (this session's limit). A refusal for
+        room is the branch still waiting, not a refused call: the engine is told so
+        (`from_waiting_queue`) and does not count it as a rejected request."""
+        inbox = self._inbox
+        for index in self._ready():
+            progress = self.branches[index]
+            params = progress.params
+            if index in self._pictures:
+                init_image, mask_image = self._pictures[index]
+                params = replace(params, init_image=init_image, mask_image=mask_image)
             try:
-                handle = self.engine.submit(progress.params, session_id=self.session_id, from_waiting_queue=True)
+                handle = self.engine.submit(params, session_id=self.session_id, from_waiting_queue=True)
             except EngineClosedError as exc:
-                for i in range(self._next_to_submit, len(self.branches)):
-                    if not self.branches[i].is_finished:
-                        self._stop(i, FAILED, str(exc))
+                for view in self.branches:
+                    if not view.is_finished and view.branch.index not in self._trackers:
+                        self._stop(view.branch.index, FAILED, str(exc))
                 return
             except AdmissionError:
                 in_flight = any(self.branches[i].state in (QUEUED, RUNNING) for i in self._trackers)
@@ -296,16 +361,13 @@ class WorkflowRun:
                     asyncio.get_running_loop().call_later(RETRY_ADMISSION_S, inbox.put_nowait, ("wake", None))
                 return
             except ValueError as exc:  # prepared and checked already; only a changed server gets here
-                self._stop(self._next_to_submit, FAILED, str(exc))
-                self._next_to_submit += 1
+                self._stop(index, FAILED, str(exc))
                 continue
-            index = progress.branch.index
             tracker = RequestTracker(handle)
             with self._lock:  # cancels read the trackers from other threads
                 self._trackers[index] = tracker
-            self.branches[index] = replace(progress, status=tracker.status)
-            listeners.append(asyncio.ensure_future(self._listen(index, tracker, inbox)))
-            self._next_to_submit += 1
+            self.branches[index] = replace(progress, params=params, status=tracker.status)
+            self._tasks.append(asyncio.ensure_future(self._listen(index, tracker, inbox)))
 
     def _stop(self, index: int, state: str, message: str) -> None:
         """End a branch the engine never had (cancelled while waiting, or refused)."""
@@ -364,6 +426,22 @@ class WorkflowRun:
                 states = {i: cell_word(self.branches[i]) for i in members}
                 stale.append((layout, finished, images, states))
         return stale
+
+
+def _with_stand_in_pictures(branch: Branch, params: GenerationParams,
+                            prepared: dict[int, GenerationParams]) -> GenerationParams:
+    """A branch that starts from a picture, as the engine will see it, with blank pictures of its
+    size standing in for the real ones (made when its source is ready): the size is the branch's
+    own, or its source's (a Load image's picture, or the branch it starts from) scaled."""
+    start = branch.start
+    if start is None:
+        return params
+    width, height = params.width, params.height
+    if width is None or height is None:
+        parent = prepared[start.parent]
+        width, height = start.size_from((parent.width, parent.height))
+    return replace(params, width=width, height=height, init_image=Image.new("RGB", (width, height)),
+                   mask_image=None if start.mask is None else Image.new("L", (width, height)))
 
 
 def result_image(progress: BranchView) -> Image.Image | None:

@@ -15,6 +15,8 @@
   const SAVED_KEY = "stepstudio.workflow.saved";
   const UNDO_LIMIT = 100;
   const PNG_SIGNATURE = [137, 80, 78, 71, 13, 10, 26, 10];
+  const MAX_PICTURE_BYTES = 8 * 1024 * 1024; // the server's limit for one picture (studio/pictures.py)
+  const PICTURE_KINDS = ["picture", "mask"]; // fields that hold a picture as a data URL
 
   function h(tag, attrs, children) {
     const el = document.createElement(tag);
@@ -102,8 +104,8 @@
     }
 
     buildPalette() {
-      const categories = ["values", "fan-out", "sampler", "outputs"];
-      const titles = { values: "Values", "fan-out": "Fan-out", sampler: "Sampler", outputs: "Outputs" };
+      const categories = ["values", "fan-out", "pictures", "sampler", "outputs"];
+      const titles = { values: "Values", "fan-out": "Fan-out", pictures: "Pictures", sampler: "Sampler", outputs: "Outputs" };
       for (const category of categories) {
         this.palette.appendChild(h("div", { class: "sse-palette-head", text: titles[category] }));
         for (const spec of Object.values(this.types).filter((t) => t.category === category)) {
@@ -154,7 +156,14 @@
       for (const field of spec.fields) {
         const id = "df-" + field.name;
         let control;
-        if (field.kind === "lines") control = `<textarea ${id} rows="3" spellcheck="false"></textarea>`;
+        if (PICTURE_KINDS.includes(field.kind)) {
+          // Not a df- control: the picture is set by the handlers in wirePicture.
+          const button = field.kind === "mask" ? "Paint…" : "Choose…";
+          control = `<div class="sse-picture" data-field="${escapeHtml(field.name)}" data-kind="${field.kind}">` +
+                    `<img class="sse-picture-img" alt="${escapeHtml(field.label)}"><span class="sse-picture-empty">` +
+                    `${field.kind === "mask" ? "not painted" : "drop a picture here"}</span>` +
+                    `<button class="sse-btn sse-picture-pick" type="button">${button}</button></div>`;
+        } else if (field.kind === "lines") control = `<textarea ${id} rows="3" spellcheck="false"></textarea>`;
         else if (field.kind === "choice" || field.kind === "scheduler" || field.kind === "model") {
           const choices = field.kind === "scheduler" ? [""].concat(this.schedulers)
             : field.kind === "model" ? [""].concat(this.models) : field.choices;
@@ -162,7 +171,7 @@
           control = `<select ${id}>` + choices.map((c) => `<option value="${escapeHtml(c)}">${escapeHtml(c || empty)}</option>`).join("") + "</select>";
         } else {
           const type = field.kind === "text" ? "text" : "number";
-          const step = field.kind === "float" ? ' step="0.5"' : "";
+          const step = field.kind === "float" ? ` step="${field.step || 0.5}"` : "";
           control = `<input type="${type}" ${id}${step}>`;
         }
         fields += `<label class="sse-field" title="${escapeHtml(field.help || "")}"><span>${escapeHtml(field.label)}</span>${control}</label>`;
@@ -187,8 +196,103 @@
       el.querySelector(".sse-delete").addEventListener("click", (e) => { e.stopPropagation(); this.df.removeNodeId("node-" + id); });
       spec.inputs.forEach((port, i) => this.markPort(el.querySelector(".inputs .input_" + (i + 1)), port.name, port.type));
       spec.outputs.forEach((port, i) => this.markPort(el.querySelector(".outputs .output_" + (i + 1)), port.name, this.outputType(id, i)));
+      for (const box of el.querySelectorAll(".sse-picture")) this.wirePicture(id, box);
       this.changed();
       return id;
+    }
+
+    // ------------------------------------------------------------------ pictures
+    // A Load image's picture and a Mask's painting are data URLs in the node's values (so a
+    // workflow file carries its inputs). A picture arrives by the node's Choose… button, by a
+    // file dropped on the node, or from History (the History tab's "Send to the editor").
+    wirePicture(id, box) {
+      const field = box.dataset.field;
+      const stop = (e) => e.stopPropagation();
+      const pick = box.querySelector(".sse-picture-pick");
+      pick.addEventListener("mousedown", stop);
+      if (box.dataset.kind === "mask") {
+        pick.addEventListener("click", (e) => { stop(e); this.paintMask(id, field); });
+      } else {
+        const input = h("input", { type: "file", accept: "image/png,image/jpeg,image/webp", class: "sse-file",
+                                   onchange: (e) => { this.readPicture(e.target.files[0], id, field); e.target.value = ""; } });
+        box.appendChild(input);
+        pick.addEventListener("click", (e) => { stop(e); input.click(); });
+        box.addEventListener("dragover", (e) => { e.preventDefault(); box.classList.add("sse-dropping"); });
+        box.addEventListener("dragleave", () => box.classList.remove("sse-dropping"));
+        box.addEventListener("drop", (e) => {
+          e.preventDefault();
+          e.stopPropagation();
+          box.classList.remove("sse-dropping");
+          const file = e.dataTransfer.files && e.dataTransfer.files[0];
+          if (file) this.readPicture(file, id, field);
+        });
+      }
+      this.showPicture(id, field);
+    }
+
+    readPicture(file, id, field) {
+      if (!file) return;
+      if (!/^image\/(png|jpeg|webp)$/.test(file.type)) { this.say(`${file.name} is not a PNG, JPEG or WEBP picture.`, "error"); return; }
+      if (file.size > MAX_PICTURE_BYTES) { this.say(`${file.name} is ${file.size} bytes; pictures are limited to ${MAX_PICTURE_BYTES}.`, "error"); return; }
+      const reader = new FileReader();
+      reader.onload = () => { this.setPicture(id, field, reader.result); this.say(`Loaded ${file.name}.`); };
+      reader.readAsDataURL(file);
+    }
+
+    setPicture(id, field, url, extra) {
+      const node = this.nodeData(id);
+      this.df.updateNodeDataFromId(id, { ...node.data, ...(extra || {}), [field]: url });
+      this.syncFields(id);
+      this.changed();
+    }
+
+    showPicture(id, field) {
+      const el = this.nodeElement(id);
+      const box = el && el.querySelector(`.sse-picture[data-field="${field}"]`);
+      if (!box) return;
+      const url = this.nodeData(id).data[field] || "";
+      const img = box.querySelector(".sse-picture-img");
+      const shown = url.startsWith("data:image/");
+      if (shown && img.getAttribute("src") !== url) img.src = url;
+      img.style.display = shown ? "" : "none";
+      const empty = box.querySelector(".sse-picture-empty");
+      empty.style.display = shown ? "none" : "";
+      if (url && !shown) empty.textContent = url; // a saved result's name
+      box.dataset.has = shown ? "yes" : "no";
+    }
+
+    // The picture a Mask paints over: the Load image linked to it, else the one that feeds the
+    // sampler it feeds; its size is the painting's.
+    maskBackground(maskId) {
+      const data = this.df.drawflow.drawflow.Home.data;
+      const pictureOf = (nodeId) => {
+        const node = data[nodeId];
+        return node && node.name === "load_image" ? node.data.image : null;
+      };
+      const mask = data[maskId];
+      for (const input of Object.values(mask.inputs)) for (const conn of input.connections) {
+        const found = pictureOf(conn.node);
+        if (found) return found;
+      }
+      for (const output of Object.values(mask.outputs)) for (const conn of output.connections) {
+        const sampler = data[conn.node];
+        for (const input of Object.values(sampler.inputs)) for (const c of input.connections) {
+          const found = pictureOf(c.node);
+          if (found) return found;
+        }
+      }
+      return null;
+    }
+
+    paintMask(id, field) {
+      const background = this.maskBackground(id);
+      const previous = this.nodeData(id).data[field];
+      const start = (width, height, image) => new MaskPainter(this.root, width, height, image, previous,
+        (url) => { this.setPicture(id, field, url, { source: "painted" }); this.say("Mask painted."); });
+      if (!background) return start(64, 64, null);
+      const image = new Image();
+      image.onload = () => start(image.naturalWidth, image.naturalHeight, image);
+      image.src = background;
     }
 
     markPort(portEl, name, type) {
@@ -219,6 +323,12 @@
       return this.types[node.name].inputs[index].type;
     }
 
+    accepts(id, index, outputType) {
+      // An input takes its own type, and a picture input a sampler's images too (stages).
+      const port = this.types[this.nodeData(id).name].inputs[index];
+      return (port.accepts || [port.type]).includes(outputType);
+    }
+
     addNodeAtView(typeName) {
       // Near the top-left of what is visible, shifted a little per node so they don't stack.
       const rect = this.canvas.getBoundingClientRect();
@@ -237,7 +347,7 @@
     onDrop(event) {
       event.preventDefault();
       const file = event.dataTransfer.files && event.dataTransfer.files[0];
-      if (file) return this.onUpload(file); // a workflow JSON, or a PNG made from a workflow
+      if (file) return this.onUpload(file, this.toCanvas(event.clientX, event.clientY)); // a workflow, or a picture
       const typeName = event.dataTransfer.getData("text/plain");
       if (!this.types[typeName]) return;
       const point = this.toCanvas(event.clientX, event.clientY);
@@ -253,7 +363,7 @@
       const inputNode = this.nodeData(c.input_id);
       const existing = inputNode.inputs[c.input_class].connections;
       let refusal = null;
-      if (have !== want) refusal = `Can't link ${have || "?"} to ${want}: the port types differ.`;
+      if (!this.accepts(c.input_id, inp, have)) refusal = `Can't link ${have || "?"} to ${want}: the port types differ.`;
       else if (existing.length > 1) refusal = `This ${want} input already has a link; an input takes one (delete the old link first).`;
       else if (String(c.output_id) === String(c.input_id) || this.reaches(c.input_id, c.output_id)) refusal = "That link would make a cycle.";
       if (refusal) {
@@ -312,7 +422,7 @@
         this.markPort(el.querySelector(`.outputs .${key}`), port.name, type);
         for (const conn of [...node.outputs[key].connections]) {
           const inp = parseInt(conn.output.split("_")[1], 10) - 1;
-          if (this.inputType(conn.node, inp) !== type) {
+          if (!this.accepts(conn.node, inp, type)) {
             this.df.removeSingleConnection(id, conn.node, key, conn.output);
             this.say(`Removed a link that no longer fits: the ${this.types[node.name].title.toLowerCase()} now makes ${type}.`, "error");
           }
@@ -378,6 +488,7 @@
         const control = el.querySelector(`[df-${name}]`);
         if (control && control.value !== String(value)) control.value = value;
       }
+      for (const box of el.querySelectorAll(".sse-picture")) this.showPicture(id, box.dataset.field);
       for (const { port, index } of this.typedOutputs(node.name)) {
         this.markPort(el.querySelector(`.outputs .output_${index + 1}`), port.name, node.data[port.typed_by]);
       }
@@ -393,9 +504,11 @@
 
     commit() {
       if (this.quiet) return;
-      const json = JSON.stringify(this.toWorkflow());
-      if (this.undoStack[this.undoStack.length - 1] !== json) {
-        this.undoStack.push(json);
+      const workflow = this.toWorkflow();
+      const json = JSON.stringify(workflow);
+      const entry = this.withoutPictures(workflow);
+      if (this.undoStack[this.undoStack.length - 1] !== entry) {
+        this.undoStack.push(entry);
         if (this.undoStack.length > UNDO_LIMIT) this.undoStack.shift();
       }
       this.lastCommitted = json;
@@ -413,7 +526,32 @@
       if (this.undoStack.length < 2) { this.say("Nothing to undo."); return; }
       this.undoStack.pop();
       const previous = this.undoStack.pop();
-      this.load(JSON.parse(previous), "Undone.");
+      this.load(this.withPictures(JSON.parse(previous)), "Undone.");
+    }
+
+    // Undo entries name each picture by a number instead of holding its data URL (a hundred
+    // entries of a large picture would hold it a hundred times).
+    withoutPictures(workflow) {
+      this.pictures = this.pictures || new Map(); // data URL -> number
+      this.pictureUrls = this.pictureUrls || [];
+      const nodes = workflow.nodes.map((node) => {
+        const values = { ...node.values };
+        for (const field of this.types[node.type].fields) {
+          const url = values[field.name];
+          if (!PICTURE_KINDS.includes(field.kind) || typeof url !== "string" || !url.startsWith("data:")) continue;
+          if (!this.pictures.has(url)) { this.pictures.set(url, this.pictureUrls.length); this.pictureUrls.push(url); }
+          values[field.name] = { picture: this.pictures.get(url) };
+        }
+        return { ...node, values };
+      });
+      return JSON.stringify({ ...workflow, nodes });
+    }
+
+    withPictures(workflow) {
+      for (const node of workflow.nodes) for (const [name, value] of Object.entries(node.values || {})) {
+        if (value && typeof value === "object" && "picture" in value) node.values[name] = this.pictureUrls[value.picture];
+      }
+      return workflow;
     }
 
     // ------------------------------------------------------------------ toolbar
@@ -513,14 +651,23 @@
       setTimeout(() => URL.revokeObjectURL(link.href), 1000);
     }
 
-    async onUpload(file) {
+    async onUpload(file, dropPoint) {
       if (!file) return;
       this.fileInput.value = "";
       const bytes = new Uint8Array(await file.arrayBuffer());
       let text = null;
       if (PNG_SIGNATURE.every((b, i) => bytes[i] === b)) text = pngText(bytes, "workflow");
-      else text = new TextDecoder().decode(bytes);
-      if (text === null) { this.say("This PNG carries no workflow.", "error"); return; }
+      else if (!/^image\//.test(file.type)) text = new TextDecoder().decode(bytes);
+      if (text === null && dropPoint && this.types.load_image) {
+        // A picture without a workflow, dropped on the canvas: a Load image node holding it.
+        const id = this.addNode("load_image", dropPoint.x, dropPoint.y);
+        this.readPicture(file, id, "image");
+        return;
+      }
+      if (text === null) {
+        this.say("This picture carries no workflow: drop it on the canvas, or on a Load image node, to start from it.", "error");
+        return;
+      }
       const workflow = this.parse(text);
       if (!workflow) { this.say("The file is not workflow JSON.", "error"); return; }
       this.load(workflow, "Opened " + file.name + ".");
@@ -679,6 +826,86 @@
 
     readStorage(key) {
       try { return this.parse(localStorage.getItem(key)); } catch (e) { return null; }
+    }
+  }
+
+  // A dialog to paint a mask over a picture. Its result is a PNG of the picture's size: black =
+  // keep, white = repaint (what the Mask node's "painted" value holds).
+  class MaskPainter {
+    constructor(root, width, height, background, previous, done) {
+      Object.assign(this, { width, height, background, done, painting: false, erasing: false });
+      this.mask = h("canvas", { width, height });
+      this.tint = h("canvas", { width, height });
+      const ctx = this.mask.getContext("2d");
+      ctx.fillStyle = "#000";
+      ctx.fillRect(0, 0, width, height);
+      const scale = Math.max(1, Math.floor(420 / Math.max(width, height))); // small pictures shown larger
+      this.view = h("canvas", { class: "sse-paint-view", width, height });
+      this.view.style.width = width * scale + "px";
+      this.view.style.height = height * scale + "px";
+      this.brush = h("input", { type: "range", min: 1, max: Math.max(8, Math.round(Math.max(width, height) / 3)),
+                                value: Math.max(2, Math.round(Math.max(width, height) / 10)), class: "sse-paint-brush" });
+      const button = (label, action, extra) => h("button", { class: "sse-btn " + (extra || ""), type: "button", text: label,
+                                                            "data-paint": action, onclick: () => this.onAction(action) });
+      this.eraseButton = button("Erase", "erase");
+      this.overlay = h("div", { class: "sse-paint-overlay" }, [h("div", { class: "sse-paint-dialog" }, [
+        h("div", { class: "sse-paint-title", text: `Paint the part to repaint (${width}x${height})` }),
+        this.view,
+        h("div", { class: "sse-paint-tools" }, [h("label", { text: "Brush " }, [this.brush]), this.eraseButton,
+          button("Clear", "clear"), h("span", { class: "sse-sep" }), button("Cancel", "cancel"),
+          button("Use mask", "done", "sse-primary")]),
+      ])]);
+      for (const [kind, handler] of [["pointerdown", (e) => { this.painting = true; this.view.setPointerCapture(e.pointerId); this.paint(e); }],
+                                     ["pointermove", (e) => { if (this.painting) this.paint(e); }],
+                                     ["pointerup", () => { this.painting = false; }]]) this.view.addEventListener(kind, handler);
+      root.appendChild(this.overlay);
+      if (previous && previous.startsWith("data:image/")) {
+        const image = new Image();
+        image.onload = () => { ctx.drawImage(image, 0, 0, width, height); this.redraw(); };
+        image.src = previous;
+      }
+      this.redraw();
+    }
+
+    paint(event) {
+      const box = this.view.getBoundingClientRect();
+      const x = (event.clientX - box.left) * this.width / box.width, y = (event.clientY - box.top) * this.height / box.height;
+      const ctx = this.mask.getContext("2d");
+      ctx.fillStyle = this.erasing ? "#000" : "#fff";
+      ctx.beginPath();
+      ctx.arc(x, y, Number(this.brush.value) / 2, 0, 2 * Math.PI);
+      ctx.fill();
+      if (!this.frame) this.frame = requestAnimationFrame(() => { this.frame = null; this.redraw(); });
+    }
+
+    redraw() {
+      // The picture, with the part to repaint tinted red.
+      const view = this.view.getContext("2d");
+      view.clearRect(0, 0, this.width, this.height);
+      if (this.background) view.drawImage(this.background, 0, 0, this.width, this.height);
+      else { view.fillStyle = "#9ca3af"; view.fillRect(0, 0, this.width, this.height); }
+      const mask = this.mask.getContext("2d").getImageData(0, 0, this.width, this.height);
+      const tint = new ImageData(this.width, this.height);
+      for (let i = 0; i < mask.data.length; i += 4) {
+        if (mask.data[i] > 127) tint.data.set([255, 40, 40, 150], i);
+      }
+      this.tint.getContext("2d").putImageData(tint, 0, 0);
+      view.drawImage(this.tint, 0, 0);
+    }
+
+    onAction(action) {
+      if (action === "erase") {
+        this.erasing = !this.erasing;
+        this.eraseButton.classList.toggle("sse-primary", this.erasing);
+      } else if (action === "clear") {
+        const ctx = this.mask.getContext("2d");
+        ctx.fillStyle = "#000";
+        ctx.fillRect(0, 0, this.width, this.height);
+        this.redraw();
+      } else {
+        if (action === "done") this.done(this.mask.toDataURL("image/png"));
+        this.overlay.remove();
+      }
     }
   }
 
