@@ -1,11 +1,19 @@
 """The built-in model (assets/shapes-flux) redraws a picture through the engine: at a low
-strength the result stays close to the picture, at full strength it follows the prompt alone."""
+strength the result stays close to the picture, at full strength it follows the prompt alone;
+the shipped picture examples (assets/workflows) do what they say."""
+
+import asyncio
 
 import numpy as np
 import pytest
 
 from engine import Completed, Engine, GenerationParams, Progress
 from pipelines.loader import load_pipeline
+from studio.page.workflow_tab import EXAMPLES_DIR
+from studio.workflows.compiler import ModelLimits, WorkflowLimits, compile_workflow
+from studio.workflows.format import parse_workflow
+from studio.workflows.run import WorkflowRun
+from tools.evaluate_builtin import measure
 from tools.shapes_world import ShapeSpec, render
 
 
@@ -33,3 +41,33 @@ def test_low_strength_keeps_the_picture_and_full_strength_redraws_it(pipeline):
         distance[strength] = np.abs(np.asarray(stream[-1].images[0], np.float32) - original).mean()
     assert distance[0.3] < 12, distance  # close to the picture (levels per channel)
     assert distance[1.0] > 60, distance  # the prompt's own scene
+
+
+@pytest.mark.parametrize("example, expected", [
+    # (label, colour, shape) of every branch: the picture, then its redraws at 0.3 .. 0.9
+    ("image-to-image", [("single", "red", "circle"), ("strength 0.3", "red", "circle"),
+                        ("strength 0.5", "yellow", "circle"), ("strength 0.7", "yellow", "circle"),
+                        ("strength 0.9", "yellow", "circle")]),
+    ("inpaint", [("single", "yellow", "circle")]),  # the red square, repainted as the prompt says
+])
+def test_the_shipped_picture_examples_do_what_they_say_on_the_built_in_model(pipeline, example, expected):
+    info = pipeline.info
+    limits = WorkflowLimits((ModelLimits(name=info.name, size_multiple=info.size_multiple,
+                                         sizes=tuple(info.supported_sizes), image_inputs=tuple(info.image_inputs)),))
+    compiled = compile_workflow(parse_workflow((EXAMPLES_DIR / f"{example}.json").read_text()), limits)
+    engine = Engine(pipeline, max_batch_requests=8).start()
+    try:
+        run = WorkflowRun(engine, compiled, session_id="examples")
+
+        async def last_view():
+            async for view in run.updates():
+                pass
+            return view
+
+        final = asyncio.run(last_view())
+    finally:
+        engine.close()
+    assert final.state == "completed"
+    seen = [(b.branch.label, measure(b.result.images[0]).color, measure(b.result.images[0]).shape)
+            for b in final.branches]
+    assert seen == expected

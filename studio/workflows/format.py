@@ -234,34 +234,39 @@ def for_saving(workflow: dict) -> dict:
     return {**emptied, "pictures_left_out": count} if count else workflow
 
 
+def _decoded_within_limits(source: str | bytes | dict) -> object:
+    """JSON text decoded, or a decoded object as it is, once its size and depth are within the
+    limits: everything at most MAX_WORKFLOW_WITH_PICTURES_BYTES, the graph without its pictures at
+    most MAX_WORKFLOW_BYTES (WorkflowError naming the size otherwise)."""
+    if isinstance(source, (str, bytes)):
+        size = len(source) if isinstance(source, bytes) else _utf8_bytes(source)
+        measured_as = ""
+        _check_size(size, measured_as, MAX_WORKFLOW_WITH_PICTURES_BYTES)
+        try:
+            source = json.loads(source)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            _check_size(size, measured_as)  # too large to be a workflow without pictures anyway
+            raise WorkflowError([Problem(f"the workflow is not valid JSON ({exc}).")]) from None
+        except RecursionError:  # nested far past the depth limit
+            raise _too_deep() from None
+        _check_depth(source)
+    else:
+        size, measured_as = json_bytes(source), " as compact JSON"
+        _check_size(size, measured_as, MAX_WORKFLOW_WITH_PICTURES_BYTES)
+    if isinstance(source, dict):
+        graph, pictures = _without_pictures(source)
+        if pictures:
+            size, measured_as = json_bytes(graph), " as compact JSON without its pictures"
+        _check_size(size, measured_as)
+    return source
+
+
 def parse_workflow(source: str | bytes | dict) -> Workflow:
     """A Workflow from JSON text or an already-decoded dict. Raises WorkflowError listing every
     structural problem: not JSON, too large (text by its UTF-8 bytes, an object by its compact
     JSON), nested too deep, a node value too long, wrong version, unknown node types, links to
     missing nodes or ports, an input linked twice."""
-    if isinstance(source, (str, bytes)):
-        text_bytes = len(source) if isinstance(source, bytes) else _utf8_bytes(source)
-        _check_size(text_bytes, "", MAX_WORKFLOW_WITH_PICTURES_BYTES)
-        try:
-            source = json.loads(source)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            if text_bytes > MAX_WORKFLOW_BYTES:  # too large to be a workflow without pictures anyway
-                _check_size(text_bytes, "")
-            raise WorkflowError([Problem(f"the workflow is not valid JSON ({exc}).")]) from None
-        except RecursionError:  # nested far past the depth limit
-            raise _too_deep() from None
-        _check_depth(source)
-        if isinstance(source, dict):
-            graph, pictures = _without_pictures(source)
-            _check_size(json_bytes(graph) if pictures else text_bytes,
-                        " as compact JSON without its pictures" if pictures else "")
-    else:
-        size = json_bytes(source)
-        _check_size(size, " as compact JSON", MAX_WORKFLOW_WITH_PICTURES_BYTES)
-        if isinstance(source, dict):
-            graph, pictures = _without_pictures(source)
-            _check_size(json_bytes(graph) if pictures else size,
-                        " as compact JSON" + (" without its pictures" if pictures else ""))
+    source = _decoded_within_limits(source)
     if not isinstance(source, dict):
         raise WorkflowError([Problem(
             f"a workflow is a JSON object with version, nodes and links; got {type(source).__name__}.")])

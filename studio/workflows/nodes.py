@@ -146,31 +146,24 @@ def _checked(reader: ValueReader, field: str, value: Any, label: str, **params: 
     return Reading(value, label)
 
 
-def _steps(reader: ValueReader, field: str, raw: object) -> Reading | None:
-    value = read_number(reader, field, raw, whole=True)
-    return _checked(reader, field, value, str(value), num_inference_steps=value)
+def _number(param: str, whole: bool) -> Callable[[ValueReader, str, object], Reading | None]:
+    """A reader of one number that sets the GenerationParams field `param`."""
+    def read(reader: ValueReader, field: str, raw: object) -> Reading | None:
+        value = read_number(reader, field, raw, whole=whole)
+        label = "" if value is None else str(value) if whole else f"{value:g}"
+        return _checked(reader, field, value, label, **{param: value})
+    return read
 
 
-def _guidance(reader: ValueReader, field: str, raw: object) -> Reading | None:
-    value = read_number(reader, field, raw, whole=False)
-    return _checked(reader, field, value, f"{value:g}" if value is not None else "", guidance_scale=value)
+_steps, _frames = _number("num_inference_steps", whole=True), _number("num_frames", whole=True)
+_guidance, _strength = _number("guidance_scale", whole=False), _number("strength", whole=False)
+_whole_seed = _number("seed", whole=True)
 
 
 def _seed(reader: ValueReader, field: str, raw: object) -> Reading | None:
-    value = read_number(reader, field, raw, whole=True)
-    if value == -1:
+    if read_number(reader, field, raw, whole=True) == -1:
         return Reading(None, "random")  # the sampler's random seed, drawn when the run starts
-    return _checked(reader, field, value, str(value), seed=value)
-
-
-def _frames(reader: ValueReader, field: str, raw: object) -> Reading | None:
-    value = read_number(reader, field, raw, whole=True)
-    return _checked(reader, field, value, str(value), num_frames=value)
-
-
-def _strength(reader: ValueReader, field: str, raw: object) -> Reading | None:
-    value = read_number(reader, field, raw, whole=False)
-    return _checked(reader, field, value, f"{value:g}" if value is not None else "", strength=value)
+    return _whole_seed(reader, field, raw)
 
 
 def _scheduler(reader: ValueReader, field: str, raw: object) -> Reading | None:
