@@ -173,6 +173,15 @@ class WorkflowRunner:
         run = WorkflowRun(self.engine, compiled, session_id, self.config.preview_every)
         return run, compiled
 
+    async def start_for(self, source: object, request: gr.Request, browser_token: object = None
+                        ) -> tuple[WorkflowRun, CompiledWorkflow, str]:
+        """`start` for a Gradio caller, in a worker thread: (run, compiled, the owner its results are
+        saved for). Raises WorkflowError."""
+        session = session_id_of(request)
+        owner = self.owner_for(browser_token, session)
+        run, compiled = await asyncio.to_thread(self.start, source, session, owner)
+        return run, compiled, owner
+
     async def follow(self, run: WorkflowRun, owner: str, workflow: dict | None = None) -> AsyncIterator[RunView]:
         """The run's views until it ends; each finished branch is saved for `owner` (an
         owner_for's key), with the workflow JSON when it came from the editor."""
@@ -276,9 +285,8 @@ def wire_workflow_tab(runner: WorkflowRunner, tab: WorkflowTab, browser_token: g
         states = EditorRunState(runner.config.preview_max_px, runner.fps_of, files)
         gallery = ResultsGallery(runner.fps_of)
         session = session_id_of(request)
-        owner = runner.owner_for(token, session)
         try:
-            started, compiled = await asyncio.to_thread(runner.start, workflow, session, owner)
+            started, compiled, owner = await runner.start_for(workflow, request, token)
         except WorkflowError as exc:
             yield {tab.editor: gr.update(run_state=invalid_state(exc))}
             raise user_error(str(exc), "Workflow not run") from None
@@ -327,10 +335,8 @@ def wire_workflow_api(runner: WorkflowRunner) -> None:
         Cancel with /cancel_workflow and the run_id."""
         encoder = RunStateEncoder(runner.config.preview_max_px, runner.fps_of)
         gallery = ResultsGallery(runner.fps_of)
-        session = session_id_of(request)
-        owner = runner.owner_for(None, session)
         try:
-            started, compiled = await asyncio.to_thread(runner.start, workflow, session, owner)
+            started, compiled, owner = await runner.start_for(workflow, request)
         except WorkflowError as exc:
             raise user_error(str(exc), "Workflow not run") from None
 
