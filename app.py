@@ -20,6 +20,7 @@ import secrets
 import sys
 from typing import NoReturn
 
+from pipelines.lora_files import LoraOption
 from studio.config import (
     MODES,
     StudioOptions,
@@ -85,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--compile", action="store_true",
                        help="torch.compile the transformer/UNet and warm it up at the model's default size "
                             "before serving (slower start, faster steps on GPU)")
+    model.add_argument("--lora", action="append", default=None, metavar="[MODEL:]NAME=PATH",
+                       help="serve the LoRA adapter file PATH as NAME, for the first model or the model named "
+                            "MODEL (repeatable; requests name it in `loras` or as <lora:NAME:SCALE> in a prompt)")
+    model.add_argument("--loras", default=defaults.lora_folder, metavar="DIR",
+                       help="also serve every DIR/<model name>/<adapter name>.safetensors (the built-in adapters "
+                            "in assets/loras are always served)")
     model.add_argument("--prompt-cache", type=int, default=defaults.prompt_cache, metavar="N",
                        help="prompt embeddings kept for reuse, e.g. the default negative prompt and re-rolled "
                             "prompts (0 = off; a FLUX.1 T5 embedding is about 4 MB)")
@@ -153,32 +160,48 @@ def config_from_args(args: argparse.Namespace) -> StudioOptions:
         max_size=args.max_size, max_per_session=args.max_per_session, max_branches=args.max_branches,
         show_prompts=args.show_prompts, max_session_cost=args.max_session_cost,
         outputs=None if args.no_save else args.outputs, device=args.device, dtype=args.dtype, compile=args.compile, prompt_cache=args.prompt_cache,
+        loras=tuple(LoraOption.parse(text) for text in args.lora or []), lora_folder=args.loras,
         api_keys=tuple([parse_api_key(text) for text in args.api_key or []]
                        + (read_api_keys_file(args.api_keys_file) if args.api_keys_file else [])),
     )
 
 
-def load_model(config: StudioOptions, model: str | None = None):
-    """One of the configured models (default: the first) as a step pipeline."""
-    from pipelines.loader import BUILTIN_MODELS, LoadOptions, load_pipeline
+def load_options(config: StudioOptions):
+    """How the configured models load: device, dtype, compile, prompt cache, LoRA adapters."""
+    from pipelines.loader import BUILTIN_LORA_DIR, LoadOptions
 
-    model = model or config.model
+    return LoadOptions(device=config.device, dtype=config.dtype, compile_denoiser=config.compile,
+                       prompt_cache_size=config.prompt_cache, loras=config.loras,
+                       lora_folders=(str(BUILTIN_LORA_DIR), config.lora_folder))
+
+
+def _check_builtin(model: str) -> None:
+    from pipelines.loader import BUILTIN_MODELS
+
     folder = BUILTIN_MODELS.get(model)
     if folder is not None and not (folder / "model_index.json").is_file():
         raise ValueError(
             f"the built-in model {model!r} is not in {folder} (tools/train_builtin.py and tools/train_video.py "
             "make them). Run `python app.py --model toy` for the weightless test model, or pass --model FOLDER."
         )
-    return load_pipeline(
-        model,
-        LoadOptions(device=config.device, dtype=config.dtype, compile_denoiser=config.compile,
-                    prompt_cache_size=config.prompt_cache),
-    )
+
+
+def load_model(config: StudioOptions, model: str | None = None):
+    """One of the configured models (default: the first) as a step pipeline, without adapters."""
+    from pipelines.loader import load_pipeline
+
+    model = model or config.model
+    _check_builtin(model)
+    return load_pipeline(model, load_options(config))
 
 
 def load_models(config: StudioOptions) -> list:
-    """Every configured model, in order (the first is the engine's default)."""
-    return [load_model(config, model) for model in config.models]
+    """Every configured model, in order (the first is the engine's default), with its adapters."""
+    from pipelines.loader import attach_adapters
+
+    pipelines = [load_model(config, model) for model in config.models]
+    attach_adapters(pipelines, load_options(config))
+    return pipelines
 
 
 def open_share_link(host: str, port: int) -> str:

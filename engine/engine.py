@@ -34,6 +34,7 @@ from engine.runner import ModelRunner
 from engine.scheduler import Mode, Scheduler
 from engine.snapshot import EngineSnapshot, build_snapshot
 from pipelines.interface import PipelineInfo, StepPipeline, resolve_defaults
+from pipelines.lora_request import check_loaded_loras
 from pipelines.params import GenerationParams
 from pipelines.validation import check_image_inputs, check_supported_size
 
@@ -153,16 +154,18 @@ class Engine:
         return self
 
     def prepare_params(self, params: GenerationParams) -> GenerationParams:
-        """Name the model, fill in its defaults and a seed, then apply the model's and the
-        server's limits (ValueError)."""
+        """Name the model, move a prompt's `<lora:...>` tags into `loras`, fill in the model's
+        defaults and a seed, then apply the model's and the server's limits (ValueError)."""
         model = self.models.resolve(params.model)
         pipeline = self.models[model]
+        params = params.with_prompt_loras()
         params = resolve_defaults(replace(params, model=model), pipeline.info.defaults)
         if params.seed is None:
             params = replace(params, seed=random.SystemRandom().randrange(_SEED_RANGE))
         pipeline.validate(params)
         check_supported_size(params, model, pipeline.info.supported_sizes)
         check_image_inputs(params, model, pipeline.info.image_inputs)
+        check_loaded_loras(params.loras, model, pipeline.info.loras)
         self._limits[model].check(params)
         return params
 

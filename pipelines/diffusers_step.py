@@ -36,7 +36,7 @@ import copy
 import functools
 import inspect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -51,6 +51,8 @@ from pipelines.diffusers_api import check_relied_on
 from pipelines.image_encoding import ImageEncodingCache
 from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.loader import LoadOptions, load_diffusers_pipeline
+from pipelines.lora_adapters import read_adapter
+from pipelines.lora_rows import RowLoras
 from pipelines.params import GenerationParams, start_step
 from pipelines.prompt_cache import BatchedPromptEncoder, PromptEmbeddingCache
 from pipelines.studio_config import StudioConfig, read_studio_config
@@ -134,6 +136,11 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
         self.prompt_cache = PromptEmbeddingCache(self._encode_texts)
         self.image_cache = ImageEncodingCache(self._encode_images)
         self.attention_backend = select_attention_backend(self.denoiser, device, self.denoiser.dtype)
+        self.loras = RowLoras({
+            f"{component}.{inner}": module
+            for component, denoiser in self._denoiser_components().items()
+            for inner, module in denoiser.named_modules() if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d))
+        })
 
     @classmethod
     def from_pretrained(cls, path: str | Path, options: LoadOptions | None = None) -> "DiffusersStepPipeline":
@@ -151,6 +158,17 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
 
     def _denoiser(self, pipe) -> torch.nn.Module:
         return pipe.transformer
+
+    def _denoiser_components(self) -> dict[str, torch.nn.Module]:
+        """The denoisers by their diffusers component name, as LoRA files name them."""
+        names = ("transformer", "transformer_2", "unet")
+        return {name: getattr(self.pipe, name) for name in names if getattr(self.pipe, name, None) is not None}
+
+    def load_lora(self, name: str, path: str | Path) -> None:
+        """Serve the LoRA adapter in `path` as `name` (pipelines/lora_adapters.py; LoraFileError
+        when it does not fit this model). Requests name it in GenerationParams.loras."""
+        self.loras.add(read_adapter(name, path, self.pipe, self._denoiser_components()))
+        self.info = replace(self.info, loras=self.loras.names)
 
     @property
     def denoisers(self) -> tuple[torch.nn.Module, ...]:
@@ -330,7 +348,10 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
     def _guided_forward(self, states: Sequence[RequestState], denoiser: torch.nn.Module) -> list[torch.Tensor]:
         """One forward of `denoiser` over the CFG layout of `states`; one guided prediction each."""
         layout = CfgLayout.of(states)
-        return layout.combine(self._forward(denoiser, layout.rows), self._guide)
+        # Each row with its request's adapters (both rows of a CFG request), on shared base weights.
+        with self.loras.rows([row.state.params.loras for row in layout.rows], self.device, denoiser.dtype):
+            prediction = self._forward(denoiser, layout.rows)
+        return layout.combine(prediction, self._guide)
 
     @abc.abstractmethod
     def _forward(self, denoiser: torch.nn.Module, rows: Sequence[Row]) -> torch.Tensor:

@@ -34,6 +34,10 @@ fields it takes in `PipelineInfo.image_inputs`; `validate` refuses the others. O
 also offers `encode_images(params)` (`BatchedImageEncoding`): the runner calls it with every
 request joining a step, so their init images share one VAE encoder call.
 
+LoRA adapters (`GenerationParams.loras`): a pipeline that serves them lists the loaded ones in
+`PipelineInfo.loras` and applies each row's own adapters inside `denoise_step`'s one forward
+(pipelines/lora_rows.py); the adapters are never part of a batch key.
+
 Images and videos (`PipelineInfo.output_kind`): an image model's `post_decode` returns one
 image and its `preview` one small image; a video model's `post_decode` returns the video's
 frames, in order, and its `preview` a LIST of small frames (one per latent frame).
@@ -134,6 +138,8 @@ class PipelineInfo:
     # The GenerationParams image fields this model takes ("init_image", "mask_image"); empty:
     # it makes media from text only.
     image_inputs: tuple[str, ...] = ()
+    # The LoRA adapters loaded for this model, by name (GenerationParams.loras names them).
+    loras: tuple[str, ...] = ()
     # Stages drawn in the pipeline graph view, in order.
     stages: tuple[str, ...] = ("prompt", "encode", "denoise", "decode", "media")
     extras: dict[str, str] = field(default_factory=dict)

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.interface import StepPipeline
+from pipelines.lora_files import BUILTIN_LORA_DIR, DEFAULT_LORA_DIR, LoraOption, adapter_files, check_lora_models
 from pipelines.prompt_cache import DEFAULT_CAPACITY
+
+log = logging.getLogger(__name__)
 
 # diffusers pipeline class -> "module:class" of our step pipeline for that family.
 FAMILIES: dict[str, str] = {
@@ -40,6 +44,10 @@ class LoadOptions:
     compile_denoiser: bool = False
     # Prompt embeddings kept for reuse (pipelines/prompt_cache.py); 0 turns the cache off.
     prompt_cache_size: int = DEFAULT_CAPACITY
+    # LoRA adapters (pipelines/lora_files.py): `--lora` options, and the folders of per-model
+    # adapter subfolders read at start.
+    loras: tuple[LoraOption, ...] = ()
+    lora_folders: tuple[str, ...] = (str(BUILTIN_LORA_DIR), DEFAULT_LORA_DIR)
 
 
 def resolve_device_dtype(options: LoadOptions):
@@ -122,6 +130,39 @@ def load_pipeline(model: str | None = None, options: LoadOptions | None = None) 
     if prompt_cache is not None:
         prompt_cache.resize(options.prompt_cache_size)
     return pipeline
+
+
+def load_models(models: tuple[str, ...], options: LoadOptions | None = None) -> list[StepPipeline]:
+    """Every model, in order (the first is the engine's default), each with its LoRA adapters."""
+    options = options or LoadOptions()
+    pipelines = [load_pipeline(model, options) for model in models]
+    attach_adapters(pipelines, options)
+    return pipelines
+
+
+def attach_adapters(pipelines: list[StepPipeline], options: LoadOptions) -> None:
+    """Give each loaded model (the first is the default) its LoRA adapters: `options.loras` and
+    the adapter folders (pipelines/lora_files.py). ValueError for one that does not fit."""
+    names = [pipeline.info.name for pipeline in pipelines]
+    check_lora_models(options.loras, names)
+    for index, pipeline in enumerate(pipelines):
+        files = adapter_files(names[index], index == 0, options.loras, options.lora_folders)
+        if files and options.compile_denoiser:
+            # The per-row hooks change with every forward's rows: a compiled graph would recompile.
+            if adapter_files(names[index], index == 0, options.loras, ()):
+                raise ValueError(f"--compile does not serve LoRA adapters yet ({', '.join(files)} for "
+                                 f"{names[index]}): drop --compile, or the --lora options.")
+            log.warning("--compile: the LoRA adapters %s of %s are not served", ", ".join(files), names[index])
+            continue
+        load_adapters(pipeline, files)
+
+
+def load_adapters(pipeline: StepPipeline, files: dict[str, Path]) -> None:
+    """Serve each adapter file under its name (ValueError: a file that does not fit the model)."""
+    if files and not hasattr(pipeline, "load_lora"):
+        raise ValueError(f"{pipeline.info.name} takes no LoRA adapters ({', '.join(files)} given).")
+    for name, path in files.items():
+        pipeline.load_lora(name, path)
 
 
 def compile_denoiser(pipeline: StepPipeline) -> None:

@@ -15,6 +15,9 @@ repaint). Equality, hashing and repr see the images' content digests, never thei
 `__dict__` holds the constructor's fields only, so `GenerationParams(**p.__dict__)` still works.
 Treat the images as frozen too: a request's image is read when it runs.
 Without width/height, a request with an init image takes the image's size.
+
+`loras` names LoRA adapters loaded for the model, each with a scale; A1111's `<lora:NAME:SCALE>`
+tags in a prompt become entries of it when the engine prepares the request (`with_prompt_loras`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field, fields
 from PIL import Image
 
 from pipelines.errors import ParamError
+from pipelines.lora_request import LoraUse, check_loras, split_prompt_tags
 
 # Absolute sanity bounds. Servers configure tighter caps (see engine.limits.ServingLimits).
 MAX_PROMPT_CHARS = 2000
@@ -118,6 +122,7 @@ _FIELD_RULES = {
     "init_image": _image_in_mode("RGB", "the picture to start from"),
     "strength": _check_strength,
     "mask_image": _image_in_mode("L", "white = repaint, black = keep"),
+    "loras": lambda name, value: check_loras(value),
 }
 _REQUIRED = ("prompt", "preview_every")
 
@@ -171,6 +176,8 @@ class GenerationParams:
     strength: float | None = None
     # Repaint only the white part of the init image (PIL "L", the same size).
     mask_image: Image.Image | None = field(default=None, repr=False, compare=False)
+    # LoRA adapters loaded for the model, each with its scale (pipelines/lora_request.py).
+    loras: tuple[LoraUse, ...] = ()
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -219,6 +226,19 @@ class GenerationParams:
         if mask is not None and mask.size != image.size:
             raise ParamError("mask_image", f"mask_image is {mask.width}x{mask.height}; init_image is "
                                            f"{image.width}x{image.height}: they must be the same size.")
+
+    def with_prompt_loras(self) -> "GenerationParams":
+        """A1111's `<lora:NAME:SCALE>` tags moved out of the prompt into `loras` (after the ones
+        already there; an adapter named twice is a ParamError)."""
+        from dataclasses import replace
+
+        prompt, tagged = split_prompt_tags(self.prompt)
+        if not tagged:
+            return self
+        if not prompt:
+            raise ParamError("prompt", "the prompt holds only LoRA tags: describe the image too, "
+                                       "e.g. 'a red circle <lora:NAME:1>'.")
+        return replace(self, prompt=prompt, loras=self.loras + tagged)
 
     @property
     def denoise_steps(self) -> int | None:

@@ -64,11 +64,12 @@ def build_pipelines(settings: ReplicaSettings) -> list:
         module, _, name = settings.pipeline_factory.partition(":")
         factory = getattr(importlib.import_module(module), name)
         return [factory(**dict(settings.pipeline_kwargs))]
-    from pipelines.loader import LoadOptions, load_pipeline
+    from pipelines.loader import BUILTIN_LORA_DIR, LoadOptions, load_models
 
     options = LoadOptions(device=settings.device, dtype=settings.dtype, compile_denoiser=settings.compile,
-                          prompt_cache_size=settings.prompt_cache)
-    return [load_pipeline(model, options) for model in (settings.model, *settings.more_models)]
+                          prompt_cache_size=settings.prompt_cache, loras=settings.loras,
+                          lora_folders=(str(BUILTIN_LORA_DIR), settings.lora_folder))
+    return load_models((settings.model, *settings.more_models), options)
 
 
 class EngineReplica:

@@ -41,6 +41,9 @@ class ReplicaSettings:
     # called with `pipeline_kwargs`.
     pipeline_factory: str | None = None
     pipeline_kwargs: tuple[tuple[str, object], ...] = ()
+    # LoRA adapters, as app.py's --lora and --loras (pipelines/lora_files.py).
+    loras: tuple = ()
+    lora_folder: str = "loras"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -81,7 +84,8 @@ def replica_settings_for(options: StudioOptions, torch_threads: int | None = Non
     return ReplicaSettings(
         model=options.model, more_models=tuple(getattr(options, "more_models", ())), device=options.device, dtype=options.dtype, compile=options.compile,
         prompt_cache=options.prompt_cache, mode=options.mode, max_batch=options.max_batch, limits=options.limits,
-        torch_threads=torch_threads, pin_cpus=pin_cpus,
+        torch_threads=torch_threads, pin_cpus=pin_cpus, loras=tuple(getattr(options, "loras", ())),
+        lora_folder=getattr(options, "lora_folder", "loras"),
     )
 
 

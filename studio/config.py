@@ -77,6 +77,10 @@ class StudioOptions:
     dtype: str | None = None
     compile: bool = False  # torch.compile the denoiser, then warm up at the model's default size
     prompt_cache: int = 32  # prompt embeddings kept for reuse (0 = off)
+    # LoRA adapters: --lora [MODEL:]NAME=PATH options (pipelines.lora_files.LoraOption), and the
+    # folder of per-model adapter subfolders read besides the built-in ones.
+    loras: tuple = ()
+    lora_folder: str = "loras"
     queue_refresh_s: float = 0.5  # how often the queue and graph views refresh
     temp_file_ttl_s: int = 3600  # Gradio's temp files (previews, results) are deleted after this
     request_timeout_s: float = 30.0  # a request's headers and body must arrive within this

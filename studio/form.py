@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine import EngineClient, GenerationParams
+from pipelines.lora_request import loras_from_json
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -75,6 +76,8 @@ class FormValues:
     init_image: "Image.Image | None" = None
     strength: object = None
     mask_image: "Image.Image | None" = None
+    # LoRA adapters: a list of {"name", "scale"} (None: none besides a prompt's <lora:...> tags).
+    loras: object = None
 
     def model_name(self, engine: EngineClient) -> str:
         """The loaded model this form asks for (ValueError naming the loaded ones)."""
@@ -104,4 +107,5 @@ class FormValues:
             init_image=self.init_image,
             strength=number("strength", self.strength),
             mask_image=self.mask_image,
+            loras=loras_from_json(self.loras),
         )

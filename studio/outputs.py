@@ -36,6 +36,7 @@ from PIL import Image, PngImagePlugin
 from PIL.PngImagePlugin import PngInfo
 
 from engine import Completed, GenerationParams
+from pipelines.lora_request import prompt_tags
 from pipelines.params import (
     MAX_FRAMES_ABSOLUTE,
     MAX_SEED,
@@ -53,8 +54,9 @@ MAX_GUIDANCE_TEXT = 1000.0  # a CFG scale read from a PNG's text beyond this is 
 
 # ---------------------------------------------------------------------------- infotext
 def infotext(params: GenerationParams, model: str) -> str:
-    """AUTOMATIC1111's `parameters` text: prompt, `Negative prompt: ...`, then `Key: value` pairs."""
-    lines = [params.prompt]
+    """AUTOMATIC1111's `parameters` text: prompt (its LoRAs as `<lora:NAME:SCALE>` tags, as A1111
+    writes them), `Negative prompt: ...`, then `Key: value` pairs."""
+    lines = [f"{params.prompt} {prompt_tags(params.loras)}" if params.loras else params.prompt]
     if params.negative_prompt:
         lines.append(f"Negative prompt: {params.negative_prompt}")
     fields = {

@@ -7,6 +7,8 @@ import contextlib
 import time
 from pathlib import Path
 
+from gradio_client import Client
+
 from engine import Engine
 from studio.config import StudioOptions
 from studio.server.app import StudioServer, build_app
@@ -23,6 +25,16 @@ def live_studio(pipeline, outputs: Path | None = None, **options):
     finally:
         server.stop()
         engine.close()
+
+
+# gradio_client's own HTTP calls wait 5 s (httpx's default); a studio on a loaded 2-core machine
+# (a test run beside a training run) has been seen to take longer to answer its config.
+CLIENT_TIMEOUT_S = 120
+
+
+def connect(url: str, **options) -> Client:
+    """A gradio_client for a studio, quiet, with waits that hold on a loaded machine."""
+    return Client(url, verbose=False, httpx_kwargs={"timeout": CLIENT_TIMEOUT_S}, **options)
 
 
 def streamed(job) -> list[tuple]:

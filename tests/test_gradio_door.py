@@ -17,7 +17,7 @@ from pipelines.loader import load_pipeline
 from pipelines.toy import ToyPipeline
 from studio.server.guards import MAX_JSON_DEPTH
 from tests.engine_helpers import StepGate
-from tests.studio_helpers import live_studio, statuses, wait_for
+from tests.studio_helpers import connect, live_studio, statuses, wait_for
 from tests.test_http_api import wait_until
 from tests.test_http_videos import WAN_CONFIG, Instrumented
 from tests.test_reliability_studio import studio
@@ -108,7 +108,7 @@ def test_bad_session_hashes_are_a_clear_400(capfd):
 
 def test_the_session_hashes_real_callers_send_are_accepted():
     with studio() as (server, _, app):
-        client = Client(server.url, verbose=False)  # a uuid4
+        client = connect(server.url)  # a uuid4
         status, _, image = generate_job(client, seed=1).result(timeout=60)
         assert status["state"] == "completed" and Image.open(image).size == (64, 64)
         # The browser's: Math.random().toString(36).substring(2)
@@ -134,7 +134,7 @@ def a_client_streaming_a_held_job():
     stream open: yields (server, engine, client, job, gate)."""
     gate = StepGate(1)
     with studio(ToyPipeline(on_forward=gate), preview_every=1) as (server, engine, _):
-        client = Client(server.url, verbose=False)
+        client = connect(server.url)
         job = generate_job(client, seed=1)
         gate.wait()
         wait_for(lambda: statuses(job), what="the first update on the client's stream")
@@ -191,7 +191,7 @@ def submit(client: Client, endpoint: str, seed: int):
 def test_job_cancel_ends_that_job_only(endpoint):
     gate = StepGate(0)
     with studio(ToyPipeline(on_forward=gate), preview_every=1) as (server, engine, _):
-        client = Client(server.url, verbose=False)
+        client = connect(server.url)
         first, second = submit(client, endpoint, seed=1), submit(client, endpoint, seed=2)
         gate.wait()  # the engine holds the first job's request in its first step
         # Both handlers are running (each has submitted its request): both are Gradio tasks of this session.
@@ -214,7 +214,7 @@ def test_job_cancel_ends_that_video_job_only(tmp_path):
     gate = StepGate(0)
     wan = Instrumented(load_pipeline(str(build_tiny_wan(tmp_path / "wan", WAN_CONFIG))), on_forward=gate)
     with live_studio({"wan": wan}, preview_every=1) as (server, engine):
-        client = Client(server.url, verbose=False)
+        client = connect(server.url)
         first, second = (client.submit(prompt="a red circle moving left", negative_prompt="", width=32, height=32,
                                        steps=3, guidance_scale=1.0, seed=seed, model="wan", num_frames=9,
                                        api_name="/generate_video") for seed in (1, 2))

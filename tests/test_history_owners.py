@@ -11,7 +11,6 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-from gradio_client import Client
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
@@ -22,7 +21,7 @@ from studio.outputs import OutputStore, UnreadablePng, parse_infotext, png_texts
 from studio.page.simple_tab import GUIDANCE_RANGE, ModelForm
 from studio.server.history_owners import SECRET_FILE, HistoryOwners, legacy_owner_key
 from studio.sessions import session_id_of
-from tests.studio_helpers import live_studio
+from tests.studio_helpers import connect, live_studio
 
 SECRET = b"a test secret that is 32 bytes.."
 
@@ -168,7 +167,7 @@ class Page:
 def test_no_token_a_page_can_send_lists_an_api_callers_results(tmp_path):
     outputs = tmp_path / "outputs"
     with live_studio(ToyPipeline(), outputs=outputs) as (server, _):
-        caller = Client(server.url, verbose=False)
+        caller = connect(server.url)
         status, *_ = caller.predict("an api caller's secret", "", 8, 8, 2, 1.0, 5, api_name="/generate")
         assert status["state"] == "completed"
         (history_file,) = (outputs / "history").glob("*.jsonl")  # filed under the caller's key

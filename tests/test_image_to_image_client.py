@@ -6,13 +6,13 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
-from gradio_client import Client, handle_file
+from gradio_client import handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
 
 from engine import Completed, GenerationParams
 from pipelines.toy import ToyPipeline
-from tests.studio_helpers import live_studio, statuses
+from tests.studio_helpers import connect, live_studio, statuses
 
 PROMPT = "a green field"
 
@@ -26,7 +26,7 @@ def studio():
 
 @pytest.fixture(scope="module")
 def client(studio):
-    return Client(studio[0].url, verbose=False)
+    return connect(studio[0].url)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_the_endpoint_is_listed_with_the_mask_and_settings_optional(client):
     endpoint = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/image_to_image"]
     parameters = {p["parameter_name"]: p for p in endpoint["parameters"]}
     assert list(parameters) == ["image", "prompt", "strength", "mask", "negative_prompt", "steps", "guidance_scale",
-                                "seed", "model"]
+                                "seed", "model", "loras"]
     assert [name for name, p in parameters.items() if not p["parameter_has_default"]] == ["image", "prompt"]
     assert parameters["strength"]["parameter_default"] == 0.6  # the model's default strength
 

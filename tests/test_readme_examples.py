@@ -24,12 +24,12 @@ QUICK_START_URL = "http://127.0.0.1:7860"
 
 
 def test_the_pages_have_their_examples():
-    """Seven examples, each on the page a reader looks for it: the smallest way in of gradio_client and
+    """Eight examples, each on the page a reader looks for it: the smallest way in of gradio_client and
     of the HTTP API in the README, the rest next to what they show."""
     where: dict[str, list[str]] = {}
     for page, code in EXAMPLES:
         where.setdefault(page, []).append(code)
-    assert len(EXAMPLES) == 7 and len({code for _, code in EXAMPLES}) == 7
+    assert len(EXAMPLES) == 8 and len({code for _, code in EXAMPLES}) == 8
     assert [("/generate\"" in code, "images.generate" in code) for code in where["README.md"]] == [(True, False),
                                                                                                   (False, True)]
     assert any("Engine(" in code for code in where["docs/engine.md"])
@@ -37,6 +37,7 @@ def test_the_pages_have_their_examples():
     assert any("images.edit" in code for code in where["docs/http-api.md"])
     assert any("/generate_video" in code for code in where["docs/studio.md"])
     assert any("/run_workflow" in code for code in where["docs/workflows.md"])
+    assert any('"name": "outline"' in code for code in where["docs/loras.md"])
 
 
 @pytest.fixture(scope="module")

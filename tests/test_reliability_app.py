@@ -19,9 +19,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gradio_client import Client
 from gradio_client.exceptions import AppError
 
+from tests.studio_helpers import connect
 from tests.test_http_api import assert_openai_error, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,7 +156,7 @@ def test_sigterm_answers_every_caller_and_exits_0_within_seconds():
                   for i in range(8)]
         assert [(v.status_code, v.json()["status"]) for v in videos] == [(200, "queued")] * 8
         form = dict(negative_prompt="", width=64, height=64, steps=steps, guidance_scale=1.0)
-        pages, video_callers, workflow_callers = (Client(url, verbose=False) for _ in range(3))
+        pages, video_callers, workflow_callers = (connect(url) for _ in range(3))
         jobs = ([pages.submit(prompt=f"page {i}", seed=i, model="", api_name="/generate", **form) for i in range(8)]
                 + [video_callers.submit(prompt=f"video {i}", seed=i, model="toy-video", num_frames=3,
                                         api_name="/generate_video", **form) for i in range(8)]
@@ -193,7 +193,7 @@ def test_gradio_temp_files_go_only_once_the_server_has_closed_every_connection()
     engine = Engine(ToyPipeline()).start()
     server = StudioServer(build_app(engine, StudioOptions(model="toy", port=0, outputs=None)), "127.0.0.1", 0).start()
     try:
-        Client(server.url, verbose=False).predict(prompt="a red circle", negative_prompt="", width=64, height=64,
+        connect(server.url).predict(prompt="a red circle", negative_prompt="", width=64, height=64,
                                                   steps=2, guidance_scale=1.0, seed=7, api_name="/generate")
         cached = [path for files in server._demo.temp_file_sets for path in files]
         assert cached and all(os.path.isfile(path) for path in cached)
@@ -249,7 +249,7 @@ def test_each_studio_keeps_its_gradio_files_in_its_own_folder_and_removes_it_at_
     env = {"GRADIO_TEMP_DIR": str(shared)}
     with app_process("--port", "0", env=env) as first, app_process("--port", "0", env=env) as second:
         for studio in (first, second):
-            Client(studio.url(), verbose=False).predict(
+            connect(studio.url()).predict(
                 prompt="a red circle", negative_prompt="", width=64, height=64, steps=2, guidance_scale=1.0,
                 seed=7, api_name="/generate")
         folders = {studio: shared / next(p.name for p in shared.iterdir() if f"-{studio.process.pid}-" in p.name)

@@ -11,7 +11,6 @@ import time
 
 import httpx
 import pytest
-from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from engine import Engine
@@ -21,6 +20,7 @@ from studio.server.app import StudioServer, build_app
 from studio.server.temp_files import delete_temp_files
 from studio.sessions import session_id_of
 from tests.engine_helpers import StepGate
+from tests.studio_helpers import connect
 from tests.test_http_api import assert_openai_error, raw_post, wait_until
 
 
@@ -113,7 +113,7 @@ def test_the_right_password_still_logs_in():
 
 def test_a_rejected_input_logs_no_traceback(capfd):
     with studio() as (server, _, _):
-        client = Client(server.url, verbose=False)
+        client = connect(server.url)
         with pytest.raises(AppError, match="prompt is empty"):
             client.predict(prompt="   ", negative_prompt="", width=64, height=64, steps=2, guidance_scale=1.0,
                            seed=-1, api_name="/generate")
@@ -129,7 +129,7 @@ def test_a_rejected_input_logs_no_traceback(capfd):
 def test_stopping_answers_every_caller_then_ends():
     # 200 steps of 50 ms: both calls are still running when the stop comes.
     with studio(ToyPipeline(step_delay_s=0.05), max_steps=200) as (server, engine, _):
-        client = Client(server.url, verbose=False)
+        client = connect(server.url)
         job = client.submit(prompt="a gradio caller", negative_prompt="", width=64, height=64, steps=200,
                             guidance_scale=1.0, seed=1, api_name="/generate")
         answers = []
@@ -151,7 +151,7 @@ def test_stopping_answers_every_caller_then_ends():
 
 def test_gradio_temp_files_go_after_their_time_and_all_when_the_studio_stops():
     with studio(preview_every=1) as (server, _, app):
-        client = Client(server.url, verbose=False)
+        client = connect(server.url)
         for seed in (1, 2):
             client.predict(prompt="a red circle", negative_prompt="", width=64, height=64, steps=4,
                            guidance_scale=1.0, seed=seed, api_name="/generate")

@@ -27,7 +27,7 @@ from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 from studio.server.app import free_port  # noqa: E402
-from tests.studio_helpers import statuses, wait_for  # noqa: E402
+from tests.studio_helpers import connect, statuses, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -115,7 +115,7 @@ def _running(job, min_step: int = 1):
 
 
 def test_a_request_streams_every_step_through_the_studio(studio):
-    client = Client(studio, verbose=False)
+    client = connect(studio)
     job = _generate(client, 64, steps=12)
     status, _, image_path = job.result(timeout=120)
     assert status["state"] == "completed" and status["step"] == 12 and status["seed"] == 1
@@ -137,7 +137,7 @@ def test_the_http_api_and_metrics_cover_both_replicas(studio):
 
 
 def test_a_cancel_through_the_studio_aborts_on_the_replica(studio):
-    client = Client(studio, verbose=False)
+    client = connect(studio)
     before = _aborted_total(studio)
     job = _generate(client, 64, steps=LONG)
     status = wait_for(lambda: _running(job, min_step=2), timeout_s=120, what="a running request")
@@ -150,7 +150,7 @@ def test_a_cancel_through_the_studio_aborts_on_the_replica(studio):
 
 def test_a_job_cancelled_by_its_client_aborts_on_the_replica(studio):
     """gradio_client's job.cancel() stops the handler as a closed tab does: its `finally` cancels."""
-    client = Client(studio, verbose=False)
+    client = connect(studio)
     before = _aborted_total(studio)
     job = _generate(client, 64, steps=LONG)
     wait_for(lambda: _running(job, min_step=2), timeout_s=120, what="a running request")
@@ -169,10 +169,10 @@ def test_a_dropped_http_connection_aborts_on_the_replica(studio):
 def test_killing_a_replica_mid_run_fails_its_request_and_the_studio_keeps_serving(studio):
     pids = _replica_pids()
     assert len(pids) == 2
-    client = Client(studio, verbose=False)
+    client = connect(studio)
     # An image and a video: two batch keys, so the router places them on the two replicas.
     # Two sessions: one session's cost budget would hold the video back until the image is done.
-    jobs = [_generate(client, 64, steps=LONG), _generate_video(Client(studio, verbose=False), steps=LONG)]
+    jobs = [_generate(client, 64, steps=LONG), _generate_video(connect(studio), steps=LONG)]
     for job in jobs:
         wait_for(lambda job=job: _running(job, min_step=2), timeout_s=120, what="both requests running")
     assert [statuses(job)[-1]["state"] for job in jobs] == ["running", "running"]
@@ -189,7 +189,7 @@ def test_killing_a_replica_mid_run_fails_its_request_and_the_studio_keeps_servin
     failure = next(outcome for outcome in outcomes if outcome != "completed")
     assert re.fullmatch(r"replica \d stopped while serving this request \(ActorDiedError\); the other replicas "
                         r"keep serving: submit it again\.", failure)
-    after = _generate(Client(studio, verbose=False), 64, steps=8)
+    after = _generate(connect(studio), 64, steps=8)
     assert after.result(timeout=120)[0]["state"] == "completed"
     # Serve replaces the dead replica; /metrics shows two replicas again.
     wait_for(lambda: len(_replica_pids()) == 2 and "stepstudio_replicas_live 2.0"

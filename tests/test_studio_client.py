@@ -21,7 +21,7 @@ from pipelines.toy import ToyPipeline
 from studio.config import StudioOptions
 from studio.server.app import StudioServer, build_app
 from tests.engine_helpers import StepGate, spy_on_submits
-from tests.studio_helpers import live_studio, statuses, streamed, wait_for
+from tests.studio_helpers import connect, live_studio, statuses, streamed, wait_for
 
 STEP_DELAY_S = 0.03
 
@@ -38,7 +38,7 @@ def clients(studio):
     server = studio[0]
 
     def make() -> Client:
-        return Client(server.url, verbose=False)
+        return connect(server.url)
 
     yield make
     # Client.close() waits ~1 s per client for its heartbeat stream; the server's shutdown ends them.
@@ -60,7 +60,7 @@ def test_api_page_lists_the_named_endpoints(studio, clients):
     endpoints = clients().view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert {"/generate", "/cancel", "/queue"} <= set(endpoints)
     names = [p["parameter_name"] for p in endpoints["/generate"]["parameters"]]
-    assert names == ["prompt", "negative_prompt", "width", "height", "steps", "guidance_scale", "seed", "model"]
+    assert names == ["prompt", "negative_prompt", "width", "height", "steps", "guidance_scale", "seed", "model", "loras"]
     assert not {name for name in endpoints if name.startswith("/ui_")}  # the page's own events stay private
 
 
@@ -75,9 +75,20 @@ def test_gradio_queue_does_not_cap_concurrent_sessions():
 def test_three_clients_share_forwards_and_stream_every_step(studio, clients):
     _, engine, _ = studio
     steps = 10
+    pipeline = studio[2]
     group = [clients() for _ in range(3)]  # connect first, then submit together
     before = dict(engine.snapshot().stats.forwards_by_batch_size)
-    jobs = [submit(client, f"a red circle number {i}", steps, seed=100 + i) for i, client in enumerate(group)]
+    # Hold the engine in the first job's first forward until all three are in: on a loaded machine
+    # one job could otherwise finish its ten steps before the next one arrives.
+    gate = StepGate(len(pipeline.forward_log))
+    pipeline.on_forward = gate
+    try:
+        jobs = [submit(client, f"a red circle number {i}", steps, seed=100 + i) for i, client in enumerate(group)]
+        gate.wait()
+        wait_for(lambda: engine.requests_in_flight >= 3, what="three requests in flight")
+    finally:
+        pipeline.on_forward = None
+        gate.release()
     results = [job.result(timeout=30) for job in jobs]
 
     after = engine.snapshot().stats.forwards_by_batch_size
@@ -265,7 +276,7 @@ def test_cancel_while_waiting_in_the_queue():
     submitted = spy_on_submits(engine)
     server = StudioServer(build_app(engine, config), "127.0.0.1", 0).start()
     try:
-        first, second = Client(server.url, verbose=False), Client(server.url, verbose=False)
+        first, second = connect(server.url), connect(server.url)
         running = submit(first, "runs first", 40)
         running_gate.wait()
         waiting = submit(second, "waits", 5)

@@ -8,10 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from gradio_client import Client
 
 from pipelines.toy import ToyPipeline
-from tests.studio_helpers import live_studio, wait_for
+from tests.studio_helpers import connect, live_studio, wait_for
 
 SESSIONS = 32
 STEPS = 30
@@ -36,7 +35,7 @@ def test_32_sessions_share_forwards_and_the_page_stays_responsive(studio):
             answered.wait(120)
 
     with ThreadPoolExecutor(SESSIONS) as pool:
-        clients = list(pool.map(lambda _: Client(server.url, verbose=False), range(SESSIONS + 1)))
+        clients = list(pool.map(lambda _: connect(server.url), range(SESSIONS + 1)))
     observer = clients.pop()
     pipeline.on_forward = hold_the_last_step
     try:

@@ -10,7 +10,7 @@ from PIL import Image
 
 from pipelines.loader import load_pipeline
 from tests.engine_helpers import StepGate
-from tests.studio_helpers import live_studio, statuses, streamed, wait_for
+from tests.studio_helpers import connect, live_studio, statuses, streamed, wait_for
 from tests.test_http_videos import FLUX_CONFIG, FPS, WAN_CONFIG, Instrumented
 from tests.tiny_checkpoints import build_tiny_flux, build_tiny_wan
 
@@ -35,9 +35,9 @@ def video_path(media) -> str:
 
 def test_generate_video_streams_previews_and_returns_an_mp4(studio):
     server, _, wan = studio
-    client = Client(server.url, verbose=False)
+    client = connect(server.url)
     endpoint = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate_video"]
-    assert [p["parameter_name"] for p in endpoint["parameters"]][-2:] == ["model", "num_frames"]
+    assert [p["parameter_name"] for p in endpoint["parameters"]][-3:] == ["model", "num_frames", "loras"]
 
     job = generate_video(client, steps=6)
     status, _, media = job.result(timeout=60)
@@ -57,7 +57,7 @@ def test_generate_video_streams_previews_and_returns_an_mp4(studio):
 
 def test_cancel_stops_a_video_at_the_next_step_boundary_without_decoding_it(studio):
     server, _, wan = studio
-    client = Client(server.url, verbose=False)
+    client = connect(server.url)
     gate = StepGate(wan.forwards + 2)
     wan.on_forward = gate
     try:

@@ -80,7 +80,7 @@ async def _edit_images(
     form = await read_form(body, request.headers, max_files=_MAX_FILES)
     picture, mask_file = _the_files(form)
     try:
-        ask = ImageEditRequest.model_validate(form.fields, strict=False)
+        ask = ImageEditRequest.model_validate(form.with_lists("loras"), strict=False)
     except pydantic.ValidationError as error:
         raise http_errors.from_validation_error(error) from None
     if ask.stream:

@@ -75,7 +75,8 @@ def from_engine_value_error(error: ValueError, renamed: dict[str, str] | None = 
     field = error.field if isinstance(error, ParamError) else None
     names = {**_API_FIELD_OF, **(renamed or {})}
     known = field in names or field in {
-        "prompt", "negative_prompt", "num_inference_steps", "guidance_scale", "seed", "num_frames", "strength"
+        "prompt", "negative_prompt", "num_inference_steps", "guidance_scale", "seed", "num_frames", "strength",
+        "loras",
     }
     return invalid_value(message, names.get(field, field) if known else None)
 

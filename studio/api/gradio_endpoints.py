@@ -37,6 +37,7 @@ from studio.user_errors import engine_errors_as_gradio, user_error
 
 # A video's preview GIFs: Gradio copies each into its cache, so ours can go after 10 minutes.
 PREVIEWS = TempFolder("stepstudio-previews", ttl_s=600)
+LORAS_LABEL = 'loras (optional: [{"name": NAME, "scale": 1.0}], adapters loaded for the model)'
 
 
 def wire_api_endpoints(engine: EngineClient, config: StudioOptions, store: OutputStore) -> None:
@@ -71,6 +72,7 @@ def _wire_generate(engine: EngineClient, config: StudioOptions, store: OutputSto
         inputs = [prompt, negative, width, height, steps, guidance, seed, model]
         if kind == "video":
             inputs.append(gr.Number(label="num_frames (0: the model's default)", value=0, precision=0))
+        inputs.append(gr.JSON(label=LORAS_LABEL, value=None))
         status = gr.JSON(label="status")
         if kind == "video":
             preview = gr.Image(label="preview (every frame, looping GIF)", type="filepath")
@@ -79,17 +81,30 @@ def _wire_generate(engine: EngineClient, config: StudioOptions, store: OutputSto
             preview = gr.Image(label="preview", format="jpeg", type="pil")
             media = gr.Image(label="image", format="png", type="pil")
 
-    async def generate(prompt, negative_prompt, width, height, steps, guidance_scale, seed, model, num_frames=None,
-                       request: gr.Request = None):
-        session = session_id_of(request)
-        form = FormValues(prompt, negative_prompt, width, height, steps, guidance_scale, seed, model, num_frames)
-        async for outputs in _streamed(engine, config, store, form, session, kind, (status, preview, media)):
+    async def generated(form: FormValues, request: gr.Request):
+        async for outputs in _streamed(engine, config, store, form, session_id_of(request), kind,
+                                       (status, preview, media)):
             yield outputs
+
+    if kind == "video":
+        async def generate(prompt, negative_prompt, width, height, steps, guidance_scale, seed, model, num_frames=None,
+                           loras=None, request: gr.Request = None):
+            form = FormValues(prompt, negative_prompt, width, height, steps, guidance_scale, seed, model, num_frames,
+                              loras=loras)
+            async for outputs in generated(form, request):
+                yield outputs
+    else:
+        async def generate(prompt, negative_prompt, width, height, steps, guidance_scale, seed, model, loras=None,
+                           request: gr.Request = None):
+            form = FormValues(prompt, negative_prompt, width, height, steps, guidance_scale, seed, model, loras=loras)
+            async for outputs in generated(form, request):
+                yield outputs
 
     generate.__doc__ = (
         f"Generate one {kind}{' (frames: num_frames, 4k+1 for most video models)' if kind == 'video' else ''}: "
         f"streams (status, preview, {kind}); status has request_id, state, step, total, position, batch_size "
-        "and seed. Cancel with /cancel and the request_id."
+        "and seed. Cancel with /cancel and the request_id. loras: [{\"name\", \"scale\"}] of adapters loaded for "
+        "the model (or <lora:NAME:SCALE> in the prompt)."
     )
     trigger.click(generate, inputs=inputs, outputs=[status, preview, media],
                   api_name="generate" if kind == "image" else "generate_video", concurrency_limit=None,
@@ -112,18 +127,19 @@ def _wire_image_to_image(engine: EngineClient, config: StudioOptions, store: Out
         guidance = gr.Number(label="guidance_scale", value=defaults.guidance_scale)
         seed = gr.Number(label="seed (-1 = random)", value=RANDOM_SEED, precision=0)
         model = gr.Textbox(label="model (empty: the default)", value=default_model)
+        loras = gr.JSON(label=LORAS_LABEL, value=None)
         status = gr.JSON(label="status")
         preview = gr.Image(label="preview", format="jpeg", type="pil")
         result = gr.Image(label="image", format="png", type="pil")
 
     # mask=None in the signature makes it optional for gradio_client (it has no starting value).
     async def image_to_image(image, prompt, strength, mask=None, negative_prompt=None, steps=None, guidance_scale=None,
-                             seed=None, model=None, request: gr.Request = None):
+                             seed=None, model=None, loras=None, request: gr.Request = None):
         """Redraw a picture after a prompt (image to image); with a mask only its white part
         (inpainting). The image's size is the request's. Streams (status, preview, image) as
         /generate does; cancel with /cancel and the request_id."""
         session = session_id_of(request)
-        form = FormValues(prompt, negative_prompt, None, None, steps, guidance_scale, seed, model)
+        form = FormValues(prompt, negative_prompt, None, None, steps, guidance_scale, seed, model, loras=loras)
         with engine_errors_as_gradio():
             max_side = engine.limits_for(form.model_name(engine)).max_size
             init_image, mask_image = await asyncio.to_thread(_uploaded_pictures, image, mask, max_side)
@@ -131,7 +147,7 @@ def _wire_image_to_image(engine: EngineClient, config: StudioOptions, store: Out
         async for outputs in _streamed(engine, config, store, form, session, "image", (status, preview, result)):
             yield outputs
 
-    trigger.click(image_to_image, inputs=[image, prompt, strength, mask, negative, steps, guidance, seed, model],
+    trigger.click(image_to_image, inputs=[image, prompt, strength, mask, negative, steps, guidance, seed, model, loras],
                   outputs=[status, preview, result], api_name="image_to_image", concurrency_limit=None,
                   preprocess=False)
 

@@ -197,5 +197,5 @@ async def _generate_images(
 
 def _model_card(name: str, info) -> dict:
     return {"id": name, "object": "model", "created": 0, "owned_by": "stepstudio", "family": info.family,
-            "output_kind": info.output_kind}
+            "output_kind": info.output_kind, "loras": list(info.loras)}
 

@@ -11,7 +11,17 @@ from typing import Literal
 
 import pydantic
 
+from pipelines.lora_request import MAX_LORA_NAME_CHARS, MAX_LORA_SCALE, MIN_LORA_SCALE, LoraUse
 from pipelines.params import MAX_PROMPT_CHARS, MAX_SEED, GenerationParams
+
+
+class LoraBody(pydantic.BaseModel):
+    """One adapter a request runs with: a name GET /v1/models lists for the model, and a scale."""
+
+    model_config = pydantic.ConfigDict(strict=True, extra="forbid")
+
+    name: str = pydantic.Field(min_length=1, max_length=MAX_LORA_NAME_CHARS)
+    scale: float = pydantic.Field(default=1.0, ge=MIN_LORA_SCALE, le=MAX_LORA_SCALE, allow_inf_nan=False)
 
 
 class _ImageRequest(pydantic.BaseModel):
@@ -36,6 +46,8 @@ class _ImageRequest(pydantic.BaseModel):
     num_inference_steps: int | None = None  # checked against the server's range, which it names
     guidance_scale: float | None = pydantic.Field(default=None, ge=0.0, le=100.0, allow_inf_nan=False)
     seed: int | None = pydantic.Field(default=None, ge=0, le=MAX_SEED)
+    # LoRA adapters loaded for the model, each with its scale (also: <lora:NAME:SCALE> in the prompt).
+    loras: list[LoraBody] | None = pydantic.Field(default=None, max_length=64)
 
     def params(self, model: str, width: int | None, height: int | None, **images) -> GenerationParams:
         """The engine request this body asks for (`images`: an edit's init_image, strength and
@@ -49,6 +61,7 @@ class _ImageRequest(pydantic.BaseModel):
             guidance_scale=self.guidance_scale,
             seed=self.seed,
             model=model,
+            loras=tuple(LoraUse(lora.name, lora.scale) for lora in self.loras or ()),
             **images,
         )
 

@@ -5,8 +5,9 @@ Errors come back in OpenAI's shape."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import re
-from dataclasses import dataclass
 from typing import Literal
 
 from fastapi import Request
@@ -88,12 +89,33 @@ async def _read_body(request: Request, limit: int, too_large: http_errors.ApiErr
     return b"".join(chunks)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class FormBody:
     """A multipart body: its text fields (each given once) and its files' bytes by field name."""
 
     fields: dict[str, str]
     files: dict[str, list[bytes]]
+    # Fields of a list of objects, in order, as the openai client sends them (`loras[][name]`).
+    repeated: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+
+    def with_lists(self, name: str) -> dict:
+        """The text fields, with `name` a list of objects: from its JSON text (`loras='[...]'`),
+        or from the client's `name[][key]` fields (each object gives every key once, in order)."""
+        values: dict = dict(self.fields)
+        if name in values:
+            try:
+                values[name] = json.loads(values[name])
+            except ValueError:
+                raise http_errors.invalid_value(f"{name} must be a JSON list of objects, e.g. "
+                                                '[{"name": "outline", "scale": 1}].', name) from None
+        prefix = f"{name}[]["
+        keys = {key[len(prefix):-1]: items for key, items in self.repeated.items() if key.startswith(prefix)}
+        if keys:
+            counts = {len(items) for items in keys.values()}
+            if len(counts) != 1 or name in values:
+                raise http_errors.invalid_value(f"{name}: give every object each of {', '.join(keys)} once.", name)
+            values[name] = [dict(zip(keys, row)) for row in zip(*keys.values())]
+        return values
 
 
 async def read_form(body: bytes, headers: Headers, max_files: int) -> FormBody:
@@ -108,17 +130,21 @@ async def read_form(body: bytes, headers: Headers, max_files: int) -> FormBody:
                                         code="invalid_body") from None
     fields: dict[str, str] = {}
     files: dict[str, list[bytes]] = {}
+    repeated: dict[str, list[str]] = {}
     try:
         for name, value in form.multi_items():
             if isinstance(value, UploadFile):
                 files.setdefault(name, []).append(await value.read())
+                continue
+            if "[]" in name:
+                repeated.setdefault(name, []).append(value)
                 continue
             if name in fields:
                 raise http_errors.invalid_value(f"{name[:40]} is given twice.", name[:40])
             fields[name] = value
     finally:
         await form.close()
-    return FormBody(fields, files)
+    return FormBody(fields, files, repeated)
 
 
 def parse_size(size: str | None) -> tuple[int | None, int | None]:

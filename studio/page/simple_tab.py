@@ -19,6 +19,7 @@ image to image" puts a saved result there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
 import random
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ import gradio as gr
 from PIL import Image, ImageChops
 
 from engine import EngineClient
+from pipelines.lora_request import split_prompt_tags
 from pipelines.params import MIN_SIZE
 from studio.config import StudioOptions
 from studio.media import (
@@ -80,6 +82,7 @@ class SimpleForm:
     picture: gr.ImageMask  # image to image: the picture to start from, and a painted mask
     strength: gr.Slider
     picture_panel: gr.Accordion
+    lora: gr.Dropdown  # picking an adapter writes its <lora:NAME:1> tag into the prompt
 
     def settings_outputs(self) -> list:
         """The fields "use these settings again" fills in, in `settings_update`'s order."""
@@ -183,6 +186,7 @@ class ModelForm:
     frames: int | None  # None for an image model
     makes_video: bool
     strength: float = 0.6  # image to image's default strength (the model's)
+    loras: tuple[str, ...] = ()  # the LoRA adapters loaded for the model
 
     @property
     def default_size(self) -> str | None:
@@ -204,11 +208,11 @@ class ModelForm:
         return cls((size_min, size_max), step, sizes, limits.max_steps, min(defaults.width, size_max),
                    min(defaults.height, size_max), min(defaults.num_inference_steps, limits.max_steps),
                    defaults.guidance_scale, defaults.negative_prompt, info.uses_negative_prompt, tuple(info.schedulers),
-                   defaults.num_frames if video else None, video, defaults.strength)
+                   defaults.num_frames if video else None, video, defaults.strength, tuple(info.loras))
 
     def updates(self) -> list:
         """gr.update()s for (size, width, height, steps, guidance, negative prompt, scheduler, frames,
-        preview, animation, image, video) when this model is picked."""
+        preview, animation, image, video, LoRA picker) when this model is picked."""
         return [
             gr.update(choices=list(self.sizes), value=self.default_size, visible=bool(self.sizes)),
             gr.update(minimum=self.size_range[0], maximum=self.size_range[1], step=self.size_step, value=self.width,
@@ -225,6 +229,7 @@ class ModelForm:
             gr.update(visible=self.makes_video),
             gr.update(visible=not self.makes_video),
             gr.update(visible=self.makes_video),
+            gr.update(choices=list(self.loras), value=None, visible=bool(self.loras)),
         ]
 
 
@@ -240,6 +245,8 @@ def build_simple_tab(engine: EngineClient, config: StudioOptions) -> tuple[Simpl
             negative = gr.Textbox(label="Negative prompt", lines=1, visible=look.uses_negative_prompt,
                                   value=look.negative_prompt or "", elem_id="ss-negative")
             unknown = gr.Markdown("", elem_id="ss-unknown")
+            lora = gr.Dropdown(list(look.loras), value=None, label="Add a LoRA (writes <lora:NAME:1> into the prompt; "
+                               "change the scale there)", visible=bool(look.loras), elem_id="ss-lora")
             with gr.Row():
                 generate = gr.Button("Generate", variant="primary", elem_id="ss-generate")
                 cancel = gr.Button("Cancel all", variant="stop", elem_id="ss-cancel")
@@ -294,7 +301,7 @@ def build_simple_tab(engine: EngineClient, config: StudioOptions) -> tuple[Simpl
                                  object_fit="contain", format="png", preview=False, allow_preview=True,
                                  elem_id="ss-gallery")
     form = SimpleForm(model, prompt, negative, size, width, height, steps, guidance, scheduler, frames, batch_count,
-                      random_seed, seed, unknown, generate, cancel, picture, strength, picture_panel)
+                      random_seed, seed, unknown, generate, cancel, picture, strength, picture_panel, lora)
     return form, SimplePanel(queue, preview, animation, image, video, gallery)
 
 
@@ -303,11 +310,22 @@ def unknown_words_text(engine: EngineClient, model: str | None, prompt: str) -> 
     finder = getattr(engine.models[model or None], "unknown_words", None)
     if finder is None or not prompt or not prompt.strip():
         return ""
+    with contextlib.suppress(ValueError):  # a malformed tag is the engine's to refuse, on Generate
+        prompt = split_prompt_tags(prompt)[0]  # <lora:...> tags are no words of the model's
     words = list(finder(prompt))
     if not words:
         return ""
     listed = ", ".join(f"`{html.escape(word)}`" for word in words)
     return f'<span class="ss-unknown">The model does not know: {listed}</span>'
+
+
+def with_lora_tag(prompt: str, name: str | None) -> tuple[str, None]:
+    """The prompt with `<lora:NAME:1>` added (A1111's syntax; the scale is edited in the text), and
+    the picker emptied for the next pick."""
+    if not name:
+        return prompt, None
+    tag = f"<lora:{name}:1>"
+    return (prompt if tag in (prompt or "") else f"{(prompt or '').rstrip()} {tag}".strip()), None
 
 
 # ---------------------------------------------------------------------------- wiring
@@ -419,10 +437,13 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
                        outputs=form.unknown_words, queue=False, trigger_mode="always_last",
                        api_name="ui_unknown_words", api_visibility="private", show_progress="hidden")
 
+    form.lora.input(with_lora_tag, inputs=[form.prompt, form.lora], outputs=[form.prompt, form.lora], queue=False,
+                    api_name="ui_add_lora", api_visibility="private", show_progress="hidden")
+
     def pick_model(model: str, prompt: str) -> list:
         return ModelForm.of(engine, model or None).updates() + [unknown_words_text(engine, model, prompt)]
 
     form.model.change(pick_model, inputs=[form.model, form.prompt],
                       outputs=[form.size, form.width, form.height, form.steps, form.guidance_scale, form.negative_prompt,
-                               form.scheduler, form.frames, *media, form.unknown_words],
+                               form.scheduler, form.frames, *media, form.lora, form.unknown_words],
                       queue=False, api_name="ui_pick_model", api_visibility="private", show_progress="hidden")

@@ -93,6 +93,7 @@ def workflow_limits(engine: EngineClient, config: StudioOptions) -> WorkflowLimi
             makes_video=info.output_kind == "video",
             sizes=tuple(info.supported_sizes),
             image_inputs=tuple(info.image_inputs),
+            loras=tuple(info.loras),
         ))
     return WorkflowLimits(tuple(models), max_branches=config.max_branches)
 
@@ -114,6 +115,7 @@ def _model_field_defaults(engine: EngineClient) -> dict[str, dict]:
         "steps": {"steps": defaults.num_inference_steps},
         "guidance": {"scale": defaults.guidance_scale},
         "frames": {"frames": video.num_frames if video else 1},
+        "lora": {"name": engine.info.loras[0] if engine.info.loras else ""},
     }
 
 
@@ -256,6 +258,7 @@ def build_workflow_tab(engine: EngineClient) -> WorkflowTab:
         default_example=DEFAULT_EXAMPLE,
         schedulers=sorted({name for info in engine.infos.values() for name in info.schedulers}),
         models=list(engine.models.names),
+        loras=sorted({name for info in engine.infos.values() for name in info.loras}),
         run_state=None,
     )
     results = gr.Gallery(label="Run results (grids first)", columns=8, height=220, object_fit="contain",

@@ -69,12 +69,13 @@ _SESSION_HASH_RULE = (
 
 class StudioGuards:
     def __init__(
-        self, app: ASGIApp, attempts: FailedAttempts, input_counts: Mapping[str | int, frozenset[int]] | None = None,
+        self, app: ASGIApp, attempts: FailedAttempts,
+        input_counts: Mapping[str | int, server_compat.Endpoint] | None = None,
         demo=None,
     ) -> None:
         self.app = app
         self.attempts = attempts
-        # How many values each endpoint takes, by api name and by fn_index (see `input_counts`).
+        # Each endpoint's inputs, by api name and by fn_index (see `input_counts`).
         self.input_counts = input_counts or {}
         self.demo = demo  # the Blocks whose queue the /call streams read (see server_compat)
         # The session hashes whose event stream is open, each with a token of the connection holding it.
@@ -103,7 +104,11 @@ class StudioGuards:
             return
         if has_body and is_json:
             body = await _read_all(receive)
-            problem = _depth_problem(body) or self._payload_problem(scope["path"], body)
+            problem = _depth_problem(body)
+            if problem is None:
+                problem, passed_on = self._checked_call(scope["path"], body)
+                if passed_on is not body:
+                    body, scope = passed_on, _with_content_length(scope, len(passed_on))
             if problem is not None:
                 await _gradio_error(send, problem)
                 return
@@ -153,34 +158,37 @@ class StudioGuards:
         finally:
             release()
 
-    def _payload_problem(self, path: str, body: bytes) -> str | None:
-        """What is wrong with a call's JSON body (its session hash, how many values), if anything."""
+    def _checked_call(self, path: str, body: bytes) -> tuple[str | None, bytes]:
+        """What is wrong with a call's JSON body (its session hash, how many values), if anything,
+        and the body to pass on (null for left-out optional inputs, see `_with_defaults`)."""
         if not (path in (_QUEUE_JOIN, server_compat.CANCEL) or path.startswith(_NAMED_CALLS)):
-            return None
+            return None, body
         try:
             payload = json.loads(body)
         except ValueError:
-            return None  # Gradio answers malformed JSON with a 422 itself
+            return None, body  # Gradio answers malformed JSON with a 422 itself
         if not isinstance(payload, dict):
-            return None
+            return None, body
         if path == _QUEUE_JOIN or payload.get("session_hash") is not None:  # optional for direct calls
             problem = _session_hash_problem(payload.get("session_hash"))
             if problem is not None:
-                return problem
+                return problem, body
         if path == server_compat.CANCEL or not isinstance(payload.get("data"), list):
-            return None
+            return None, body
         if path == _QUEUE_JOIN:
             key = payload.get("fn_index")
             if isinstance(key, bool) or not isinstance(key, int):
-                return None
+                return None, body
         else:
             key = path.rstrip("/").rpartition("/")[2]
-        counts = self.input_counts.get(key)
-        got = len(payload["data"])
-        if counts is None or got in counts:
-            return None
+        endpoint = self.input_counts.get(key)
+        if endpoint is None:
+            return None, body
+        got, counts = len(payload["data"]), _allowed_counts(endpoint)
+        if got in counts:
+            return None, _with_defaults(body, payload, endpoint)
         wanted = " or ".join(str(n) for n in sorted(counts))
-        return f"this endpoint takes {wanted} values in 'data' (one per input), got {got}."
+        return f"this endpoint takes {wanted} values in 'data' (one per input), got {got}.", body
 
     async def _login(self, scope: Scope, receive: Receive, send: Send) -> None:
         host = scope["client"][0] if scope.get("client") else "unknown"
@@ -204,16 +212,30 @@ class StudioGuards:
             self.attempts.succeeded(host)
 
 
-def input_counts(demo) -> dict[str | int, frozenset[int]]:
-    """For each event of a Blocks: how many values a call may send, by api name and by fn_index
-    (all its inputs, or only those the API shows: Gradio fills in the hidden ones)."""
-    counts: dict[str | int, frozenset[int]] = {}
+def input_counts(demo) -> dict[str | int, server_compat.Endpoint]:
+    """Each event of a Blocks with its input counts, by api name and by fn_index."""
+    counts: dict[str | int, server_compat.Endpoint] = {}
     for endpoint in server_compat.endpoints(demo):
-        allowed = frozenset({endpoint.input_count, endpoint.shown_input_count})
-        counts[endpoint.fn_index] = allowed
+        counts[endpoint.fn_index] = endpoint
         if endpoint.api_name:
-            counts[endpoint.api_name] = allowed
+            counts[endpoint.api_name] = endpoint
     return counts
+
+
+def _allowed_counts(endpoint: server_compat.Endpoint) -> frozenset[int]:
+    """How many values a call may send: all its inputs, only those the API shows (Gradio fills in
+    the hidden ones), or all but some of the last ones that have defaults (`_with_defaults`)."""
+    least = endpoint.input_count - endpoint.optional_tail
+    return frozenset({endpoint.input_count, endpoint.shown_input_count, *range(least, endpoint.input_count)})
+
+
+def _with_defaults(body: bytes, payload: dict, endpoint: server_compat.Endpoint) -> bytes:
+    """A call that leaves out some last inputs that have defaults, with null sent for them (the
+    handler's default then applies): an endpoint that gains an optional input keeps its callers."""
+    got = len(payload["data"])
+    if got in (endpoint.input_count, endpoint.shown_input_count):
+        return body
+    return json.dumps({**payload, "data": payload["data"] + [None] * (endpoint.input_count - got)}).encode()
 
 
 def _depth_problem(body: bytes) -> str | None:

@@ -21,6 +21,7 @@ imports studio.server.temp_files, which uses it, before gradio reads GRADIO_TEMP
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import re
 from dataclasses import dataclass
@@ -247,17 +248,38 @@ class Endpoint:
     api_name: str | None
     input_count: int
     shown_input_count: int  # the inputs the API shows (Gradio fills in the hidden ones)
+    # The last inputs whose handler parameter has a default: a call may leave them out (the
+    # studio's guard sends None for them), so an endpoint can gain an optional input.
+    optional_tail: int = 0
 
 
 def endpoints(demo) -> list[Endpoint]:
     """Every event of a Blocks, with its inputs counted (`Blocks.fns`, `BlockFunction.inputs`,
-    `Block.skip_api`)."""
+    `BlockFunction.fn`, `Block.skip_api`)."""
     found = []
     for index, fn in demo.fns.items():
         inputs = list(fn.inputs)
         shown = [block for block in inputs if not getattr(block, "skip_api", False)]
-        found.append(Endpoint(index, fn.api_name or None, len(inputs), len(shown)))
+        found.append(Endpoint(index, fn.api_name or None, len(inputs), len(shown),
+                              _defaulted_tail(fn.fn, len(inputs))))
     return found
+
+
+def _defaulted_tail(handler, input_count: int) -> int:
+    """How many of the handler's last input parameters have a default (0 when it can't tell)."""
+    try:
+        parameters = list(inspect.signature(handler).parameters.values())[:input_count]
+    except (TypeError, ValueError):
+        return 0
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if len(parameters) < input_count or any(p.kind not in positional for p in parameters):
+        return 0
+    tail = 0
+    for parameter in reversed(parameters):
+        if parameter.default is inspect.Parameter.empty:
+            break
+        tail += 1
+    return tail
 
 
 def temp_file_sets(demo) -> list[set]:

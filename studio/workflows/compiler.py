@@ -35,6 +35,7 @@ from PIL import Image
 
 from engine.limits import ServingLimits
 from pipelines.errors import ParamError
+from pipelines.lora_request import check_loaded_loras
 from pipelines.params import MAX_FRAMES_ABSOLUTE, GenerationParams, check_field
 from pipelines.validation import (
     check_model_name,
@@ -74,6 +75,7 @@ class ModelLimits:
     sizes: tuple[tuple[int, int], ...] = ()  # the only sizes the model serves (empty: any multiple)
     max_frames: int = MAX_FRAMES_ABSOLUTE
     image_inputs: tuple[str, ...] = ()  # "init_image", "mask_image": the pictures it can start from
+    loras: tuple[str, ...] = ()  # the LoRA adapters loaded for it
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "max_size", "size_multiple", "max_frames"):
@@ -103,6 +105,8 @@ class ModelLimits:
             check_scheduler_name("scheduler", values["scheduler"], self.schedulers)
         if "width" in values and "height" in values:
             check_size_in(values["width"], values["height"], self.name, self.sizes)
+        if "loras" in values:
+            check_loaded_loras(values["loras"], self.name, self.loras)
 
 
 @dataclass(frozen=True)
@@ -498,7 +502,7 @@ class _Expansion:
                 mask = value.value
             else:
                 fields[input_name] = value.value
-                if NODE_TYPES[source.type].is_fan_out:
+                if NODE_TYPES[source.type].is_fan_out or len(self.readings.get(source.id, ())) > 1:
                     own_axes.append(AxisValue(input_name, value_index, value.label))
         own = {axis.input for axis in own_axes}
         parent_sampler = self.branches[start.branch].sampler if start is not None and start.branch is not None else ""
@@ -557,6 +561,7 @@ def _params(fields: dict[str, Any], default_model: str) -> GenerationParams:
         num_frames=fields.get(PortType.FRAMES),
         model=fields.get(PortType.MODEL, default_model),
         strength=fields.get(PortType.STRENGTH),
+        loras=fields.get(PortType.LORA, ()),
     )
 
 

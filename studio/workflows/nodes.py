@@ -20,6 +20,8 @@ from typing import Any, Callable, Protocol
 
 from PIL import Image
 
+from pipelines.errors import ParamError
+from pipelines.lora_request import LoraUse
 from studio.pictures import (
     MAX_UPLOAD_BYTES,
     MAX_UPLOAD_SIDE,
@@ -52,6 +54,8 @@ class PortType:
     IMAGES = "images"  # a sampler's branches: their previews, images and settings
     IMAGE = "image"  # a picture to start from: a Load image's, an Upscale's, or a sampler's results
     MASK = "mask"  # which part of the picture to repaint
+    LORA = "lora"  # the LoRA adapters a sampler runs with (LoRA nodes, chained)
+    LORA_SCALE = "lora_scale"  # a LoRA node's scale, swept
 
 
 def accepts(input_type: str, output_type: str | None) -> bool:
@@ -65,14 +69,15 @@ PARAMS_OF_PORT = {
     PortType.PROMPT: ("prompt",), PortType.NEGATIVE_PROMPT: ("negative_prompt",), PortType.SEED: ("seed",),
     PortType.SIZE: ("width", "height"), PortType.STEPS: ("num_inference_steps",),
     PortType.GUIDANCE: ("guidance_scale",), PortType.SCHEDULER: ("scheduler",), PortType.FRAMES: ("num_frames",),
-    PortType.MODEL: ("model",), PortType.STRENGTH: ("strength",),
+    PortType.MODEL: ("model",), PortType.STRENGTH: ("strength",), PortType.LORA: ("loras",),
+    PortType.LORA_SCALE: ("loras",),
 }
 # What a Sweep node may vary: its `param` value decides its output type.
 SWEEPABLE = (PortType.GUIDANCE, PortType.STEPS, PortType.SCHEDULER, PortType.SIZE, PortType.SEED, PortType.FRAMES,
-             PortType.MODEL, PortType.STRENGTH)
+             PortType.MODEL, PortType.STRENGTH, PortType.LORA_SCALE)
 # A Grid's axes name a sampler input that a fan-out node feeds (or an earlier stage's, inherited).
 GRID_AXES = ("auto", PortType.PROMPT, PortType.NEGATIVE_PROMPT, PortType.SEED, PortType.SIZE, PortType.STEPS,
-             PortType.GUIDANCE, PortType.SCHEDULER, PortType.FRAMES, PortType.MODEL, PortType.STRENGTH)
+             PortType.GUIDANCE, PortType.SCHEDULER, PortType.FRAMES, PortType.MODEL, PortType.STRENGTH, PortType.LORA)
 
 
 # ---------------------------------------------------------------------------- reading values
@@ -207,6 +212,18 @@ def _text(param: str) -> Callable[[ValueReader, str, object], Reading | None]:
     return read
 
 
+def _lora_scale(reader: ValueReader, field: str, raw: object) -> Reading | None:
+    value = read_number(reader, field, raw, whole=False)
+    if value is None:
+        return None
+    try:
+        LoraUse("scale", value)
+    except ParamError as error:
+        reader.fail(field, error.message.replace("LoRA 'scale' has scale", "scale"))
+        return None
+    return Reading(value, f"{value:g}")
+
+
 # How one value of each port type is read from a node field (a value node's, or one item of a Sweep).
 VALUE_OF_PORT: dict[str, Callable[[ValueReader, str, object], Reading | None]] = {
     PortType.PROMPT: _text("prompt"),
@@ -219,6 +236,7 @@ VALUE_OF_PORT: dict[str, Callable[[ValueReader, str, object], Reading | None]] =
     PortType.FRAMES: _frames,
     PortType.MODEL: _model,
     PortType.STRENGTH: _strength,
+    PortType.LORA_SCALE: _lora_scale,
 }
 
 
@@ -287,6 +305,35 @@ def _read_sweep(values: dict[str, Any], reader: ValueReader) -> list[Reading]:
         return []
     readings = [VALUE_OF_PORT[param](reader, "values", item) for item in items]
     return [] if None in readings else readings
+
+
+# ---------------------------------------------------------------------------- LoRA adapters
+def _read_lora(values: dict[str, Any], reader: ValueReader) -> list[Reading]:
+    """The adapters linked in (earlier LoRA nodes), plus this one at each of its scales: its own
+    field's, or every value a Sweep links into `scale` (a fan-out)."""
+    name = values["name"].strip() if isinstance(values["name"], str) else values["name"]
+    if not name:
+        reader.fail("name", "names no adapter: choose one the model has loaded.")
+        return []
+    try:
+        LoraUse(name)
+    except ParamError as error:
+        reader.fail("name", error.message)
+        return []
+    scales = reader.linked("scale")
+    if scales is None:
+        scale = _lora_scale(reader, "scale", values["scale"])
+        scales = [] if scale is None else [scale]
+    before = reader.linked(PortType.LORA) or [Reading((), "")]
+    readings = []
+    for earlier in before:
+        for scale in scales:
+            loras = earlier.value + (LoraUse(name, scale.value),)
+            label = " ".join(f"{use.name}:{use.scale:g}" for use in loras)
+            if not reader.check(at="name", loras=loras):
+                return []
+            readings.append(Reading(loras, label))
+    return readings
 
 
 # ---------------------------------------------------------------------------- pictures
@@ -444,8 +491,10 @@ def _value_node(name: str, title: str, port_type: str, fields: tuple[Field, ...]
                     read=read or _one_value(port_type, fields[0].name))
 
 
-SAMPLER_INPUTS = tuple(Port(port, port, required=port == PortType.PROMPT) for port in PARAMS_OF_PORT) + (
-    Port(PortType.IMAGE, PortType.IMAGE), Port(PortType.MASK, PortType.MASK))
+# Every value type (a LoRA's scale goes into a LoRA node), the pictures, then the adapters.
+SAMPLER_INPUTS = tuple(Port(port, port, required=port == PortType.PROMPT) for port in PARAMS_OF_PORT
+                       if port not in (PortType.LORA, PortType.LORA_SCALE)) + (
+    Port(PortType.IMAGE, PortType.IMAGE), Port(PortType.MASK, PortType.MASK), Port(PortType.LORA, PortType.LORA))
 
 NODE_TYPES: dict[str, NodeType] = {
     node_type.name: node_type
@@ -476,6 +525,15 @@ NODE_TYPES: dict[str, NodeType] = {
                     (Field("strength", "float", 0.6, "Strength", help="0 keeps the picture, 1 redraws it from noise",
                            step=0.05),),
                     "How much of its picture a sampler redraws."),
+        NodeType("lora", "LoRA", "values",
+                 "A LoRA adapter the sampler runs with, at a scale; chain LoRA nodes for several, sweep the scale "
+                 "with a Sweep into `scale`. Rows with different adapters still share one forward.",
+                 inputs=(Port(PortType.LORA, PortType.LORA), Port("scale", PortType.LORA_SCALE)),
+                 outputs=(Port(PortType.LORA, PortType.LORA),),
+                 fields=(Field("name", "lora", "", "Adapter", help="one the model has loaded", sets=("loras",)),
+                         Field("scale", "float", 1.0, "Scale", help="1 = as trained, 0 = off; -4..4", step=0.1,
+                               sets=("loras",))),
+                 read=_read_lora),
         NodeType("load_image", "Load image", "pictures",
                  "A picture to start from: upload one, drop one on the node, or pick a saved result.",
                  outputs=(Port(PortType.IMAGE, PortType.IMAGE),),

@@ -45,6 +45,7 @@
       this.examples = props.examples || {};
       this.schedulers = props.schedulers || [];
       this.models = props.models || [];
+      this.loras = props.loras || [];
       this.undoStack = [];
       this.quiet = 0; // > 0 while loading a workflow: no undo entries, no link checks
       this.runState = null;
@@ -164,10 +165,11 @@
                     `${field.kind === "mask" ? "not painted" : "drop a picture here"}</span>` +
                     `<button class="sse-btn sse-picture-pick" type="button">${button}</button></div>`;
         } else if (field.kind === "lines") control = `<textarea ${id} rows="3" spellcheck="false"></textarea>`;
-        else if (field.kind === "choice" || field.kind === "scheduler" || field.kind === "model") {
+        else if (field.kind === "choice" || field.kind === "scheduler" || field.kind === "model" || field.kind === "lora") {
           const choices = field.kind === "scheduler" ? [""].concat(this.schedulers)
-            : field.kind === "model" ? [""].concat(this.models) : field.choices;
-          const empty = field.kind === "model" ? "default model" : "model default";
+            : field.kind === "model" ? [""].concat(this.models)
+            : field.kind === "lora" ? [""].concat(this.loras) : field.choices;
+          const empty = field.kind === "model" ? "default model" : field.kind === "lora" ? "choose an adapter" : "model default";
           control = `<select ${id}>` + choices.map((c) => `<option value="${escapeHtml(c)}">${escapeHtml(c || empty)}</option>`).join("") + "</select>";
         } else {
           const type = field.kind === "text" ? "text" : "number";
