@@ -221,3 +221,56 @@ def example_specs(n: int, seed: int = 0) -> list[ShapeSpec]:
 
 def example_prompts(n: int, seed: int = 0) -> list[str]:
     return [caption(spec) for spec in example_specs(n, seed)]
+
+
+# ----------------------------------------------------------------------------- outlines
+# The "outline" LoRA adapter (assets/loras/shapes-flux/outline.safetensors, tools/train_lora.py)
+# draws the same scenes as rings: the shape's border in its colour, its inside the background.
+
+OUTLINE_THICKNESS_PIXELS = 4.0
+
+
+def inner_box_or_polygon(shape: str, box: tuple[float, float, float, float], thickness: float):
+    """The region `thickness` inside the outline of `shape` drawn into `box`: a shrunken box for
+    circle/square, the triangle whose edges are each moved inwards by `thickness` (a copy of the
+    triangle scaled about its incenter) for a triangle."""
+    left, top, right, bottom = box
+    if shape in ("circle", "square"):
+        return [left + thickness, top + thickness, right - thickness, bottom - thickness]
+    if shape != "triangle":
+        raise ValueError(f"unknown shape {shape!r}; allowed: {list(SHAPES)}")
+    points = np.array(shape_polygon_or_box(shape, left, top, right, bottom), dtype=np.float64)
+    sides = np.array([np.linalg.norm(points[(i + 1) % 3] - points[(i + 2) % 3]) for i in range(3)])
+    incenter = (sides[:, None] * points).sum(axis=0) / sides.sum()
+    (ax, ay), (bx, by) = points[1] - points[0], points[2] - points[0]
+    area = 0.5 * abs(ax * by - ay * bx)
+    inradius = 2.0 * area / sides.sum()
+    factor = max(inradius - thickness, 0.0) / inradius
+    return [tuple(incenter + (point - incenter) * factor) for point in points]
+
+
+def render_outline(spec: ShapeSpec, rng: np.random.Generator | None = None,
+                   thickness: float = OUTLINE_THICKNESS_PIXELS) -> Image.Image:
+    """`spec` drawn as an outline `thickness` pixels wide: the shape in its colour with its inside
+    (`inner_box_or_polygon`) in the background colour. Size and position (and, with `rng`, their
+    jitter: the same draws in the same order as `render`) are those of `render`."""
+    side = SIZE_PIXELS[spec.size]
+    cx, cy = shape_center(spec)
+    if rng is not None:
+        side += rng.uniform(-SIZE_JITTER_PIXELS, SIZE_JITTER_PIXELS)
+        cx += rng.uniform(-POSITION_JITTER_PIXELS, POSITION_JITTER_PIXELS)
+        cy += rng.uniform(-POSITION_JITTER_PIXELS, POSITION_JITTER_PIXELS)
+    big = IMAGE_SIZE * _SUPERSAMPLE
+    image = Image.new("RGB", (big, big), PALETTE[spec.background])
+    half = side / 2.0
+    box = tuple(v * _SUPERSAMPLE for v in (cx - half, cy - half, cx + half, cy + half))
+    draw = ImageDraw.Draw(image)
+    draw_shape(draw, spec.shape, box, PALETTE[spec.color])
+    inner = inner_box_or_polygon(spec.shape, box, thickness * _SUPERSAMPLE)
+    if spec.shape == "circle":
+        draw.ellipse(inner, fill=PALETTE[spec.background])
+    elif spec.shape == "square":
+        draw.rectangle(inner, fill=PALETTE[spec.background])
+    else:
+        draw.polygon(inner, fill=PALETTE[spec.background])
+    return image.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BOX)
