@@ -118,16 +118,16 @@ def test_cancel_one_of_several_jobs_of_one_client(studio, clients):
     _, engine, pipeline = studio
     owner, other = clients(), clients()
     steps = 40
+    # Hold the engine inside the first forward of all three while the cancels arrive: no race with
+    # the run, however late the streamed statuses come on a loaded machine.
+    gate = StepGate(min_requests=3)
+    pipeline.on_forward = gate
     victim = submit(owner, "victim", steps)
     sibling = submit(owner, "sibling", steps)
     neighbour = submit(other, "neighbour", steps)
-    status = wait_for(lambda: running_status(victim, 2), what="the victim to run")
-    victim_id = status["request_id"]
-    # Hold the engine inside its next forward while the cancels arrive (no race with the run).
-    gate = StepGate(len(pipeline.forward_log) + 1)
-    pipeline.on_forward = gate
     gate.wait()
     try:
+        victim_id = wait_for(lambda: next((s["request_id"] for s in statuses(victim)), None), what="the victim's id")
         with pytest.raises(AppError, match="another session"):
             other.predict(victim_id, api_name="/cancel")
         answer = owner.predict(victim_id, api_name="/cancel")
