@@ -109,3 +109,26 @@ def spy_on_submits(engine, monkeypatch=None) -> list[GenerationParams]:
     else:
         monkeypatch.setattr(engine, "submit", recording)
     return submitted
+
+
+def run_workflow_to_end(pipeline, compiled, session_id: str):
+    """Run a compiled workflow on a fresh engine over `pipeline` until it ends: (its last view,
+    the engine's forwards by batch size)."""
+    import asyncio
+
+    from engine import Engine
+    from studio.workflows.run import WorkflowRun
+
+    engine = Engine(pipeline, max_batch_requests=8).start()
+    try:
+        run = WorkflowRun(engine, compiled, session_id=session_id)
+
+        async def last_view():
+            async for view in run.updates():
+                pass
+            return view
+
+        final = asyncio.run(last_view())
+        return final, dict(engine.snapshot().stats.forwards_by_batch_size)
+    finally:
+        engine.close()

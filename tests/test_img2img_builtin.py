@@ -2,8 +2,6 @@
 strength the result stays close to the picture, at full strength it follows the prompt alone;
 the shipped picture examples (assets/workflows) do what they say."""
 
-import asyncio
-
 import numpy as np
 import pytest
 
@@ -12,7 +10,7 @@ from pipelines.loader import load_pipeline
 from studio.page.workflow_tab import EXAMPLES_DIR
 from studio.workflows.compiler import ModelLimits, WorkflowLimits, compile_workflow
 from studio.workflows.format import parse_workflow
-from studio.workflows.run import WorkflowRun
+from tests.engine_helpers import run_workflow_to_end
 from tools.evaluate_builtin import measure
 from tools.shapes_world import ShapeSpec, render
 
@@ -55,18 +53,7 @@ def test_the_shipped_picture_examples_do_what_they_say_on_the_built_in_model(pip
     limits = WorkflowLimits((ModelLimits(name=info.name, size_multiple=info.size_multiple,
                                          sizes=tuple(info.supported_sizes), image_inputs=tuple(info.image_inputs)),))
     compiled = compile_workflow(parse_workflow((EXAMPLES_DIR / f"{example}.json").read_text()), limits)
-    engine = Engine(pipeline, max_batch_requests=8).start()
-    try:
-        run = WorkflowRun(engine, compiled, session_id="examples")
-
-        async def last_view():
-            async for view in run.updates():
-                pass
-            return view
-
-        final = asyncio.run(last_view())
-    finally:
-        engine.close()
+    final, _ = run_workflow_to_end(pipeline, compiled, "examples")
     assert final.state == "completed"
     seen = [(b.branch.label, measure(b.result.images[0]).color, measure(b.result.images[0]).shape)
             for b in final.branches]

@@ -5,16 +5,13 @@ pictures outlined where the scale is 1 and filled where it is 0."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from engine import Engine
 from pipelines.loader import load_models
 from studio.page.workflow_tab import EXAMPLES_DIR
 from studio.workflows.compiler import ModelLimits, WorkflowLimits, compile_workflow
 from studio.workflows.format import parse_workflow
-from studio.workflows.run import WorkflowRun
+from tests.engine_helpers import run_workflow_to_end
 from tools.evaluate_builtin import measure
 
 
@@ -33,19 +30,7 @@ def test_the_lora_example_sweeps_the_outline_adapters_scale_in_shared_forwards(p
     (grid,) = compiled.grids
     assert (grid.x_axis, grid.y_axis, grid.columns, grid.rows) == (
         "lora", "seed", ("outline:0", "outline:0.5", "outline:1"), ("3", "4"))
-    engine = Engine(pipeline, max_batch_requests=8).start()
-    try:
-        run = WorkflowRun(engine, compiled, session_id="lora-example")
-
-        async def last_view():
-            async for view in run.updates():
-                pass
-            return view
-
-        final = asyncio.run(last_view())
-        forwards = dict(engine.snapshot().stats.forwards_by_batch_size)
-    finally:
-        engine.close()
+    final, forwards = run_workflow_to_end(pipeline, compiled, "lora-example")
     assert final.state == "completed" and len(final.branches) == 6
     # Submitted one after another while the engine runs, the branches may join over the first steps;
     # from then on every forward holds all six, three adapter scales in each.
