@@ -54,7 +54,7 @@ from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.lora_adapters import read_adapter
 from pipelines.lora_rows import RowLoras
 from pipelines.params import GenerationParams, start_step
-from pipelines.prompt_cache import BatchedPromptEncoder, PromptEmbeddingCache
+from pipelines.prompt_cache import AdaptedText, BatchedPromptEncoder, PromptEmbeddingCache, PromptKey
 from pipelines.studio_config import StudioConfig, read_studio_config
 from pipelines.validation import check_image_params, check_scheduler_name
 
@@ -133,13 +133,13 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
         self.default_scheduler = scheduler
         # Pristine template: every request deep-copies it; nobody ever steps it.
         self._checkpoint_scheduler = copy.deepcopy(pipe.scheduler)
-        self.prompt_cache = PromptEmbeddingCache(self._encode_texts)
+        self.prompt_cache = PromptEmbeddingCache(self._encode_prompt_keys)
         self.image_cache = ImageEncodingCache(self._encode_images)
         self.attention_backend = select_attention_backend(self.denoiser, device, self.denoiser.dtype)
         self.loras = RowLoras({
             f"{component}.{inner}": module
-            for component, denoiser in self._denoiser_components().items()
-            for inner, module in denoiser.named_modules() if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d))
+            for component, model in self._adapter_components().items()
+            for inner, module in model.named_modules() if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d))
         })
 
     @classmethod
@@ -164,10 +164,18 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
         names = ("transformer", "transformer_2", "unet")
         return {name: getattr(self.pipe, name) for name in names if getattr(self.pipe, name, None) is not None}
 
+    def _adapter_components(self) -> dict[str, torch.nn.Module]:
+        """What a LoRA file may change: the denoisers, and the text encoders this family's
+        diffusers loader adapts too (its `_lora_loadable_modules`: CLIP, never T5)."""
+        loadable = getattr(type(self.pipe), "_lora_loadable_modules", ())
+        text_encoders = {name: getattr(self.pipe, name) for name in loadable
+                         if name.startswith("text_encoder") and isinstance(getattr(self.pipe, name, None), torch.nn.Module)}
+        return {**self._denoiser_components(), **text_encoders}
+
     def load_lora(self, name: str, path: str | Path) -> None:
         """Serve the LoRA adapter in `path` as `name` (pipelines/lora_adapters.py; LoraFileError
         when it does not fit this model). Requests name it in GenerationParams.loras."""
-        self.loras.add(read_adapter(name, path, self.pipe, self._denoiser_components()))
+        self.loras.add(read_adapter(name, path, self.pipe, self._adapter_components()))
         self.info = replace(self.info, loras=self.loras.names)
 
     @property
@@ -219,13 +227,25 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
         """The text of the CFG row; None: no text, the family's `_unconditional` row instead."""
         return params.negative_prompt or ""  # diffusers encodes "" when there is no negative prompt
 
-    def _texts(self, params: GenerationParams) -> list[str]:
-        """The prompt, and with CFG the negative text (if one is encoded), as the encoders see them."""
+    def _texts(self, params: GenerationParams) -> list[PromptKey]:
+        """The prompt, and with CFG the negative text (if one is encoded), as the encoders see them:
+        with the request's text-encoder adapters, if it names any (a cache entry of their own)."""
         texts = [self._model_text(params.prompt)]
         negative = self._negative_text(params) if self._uses_cfg(params) else None
         if negative is not None:
             texts.append(self._model_text(negative))
-        return texts
+        # diffusers' load_lora_weights adapts the text encoder for every text, the negative one too.
+        adapters = tuple(sorted((use for use in params.loras if self.loras.adapters[use.name].changes_text_encoder),
+                                key=lambda use: (use.name, use.scale)))
+        return [AdaptedText(text, adapters) for text in texts] if adapters else texts
+
+    def _encode_prompt_keys(self, keys: list[PromptKey]) -> list[Any]:
+        """The texts through the family's batched encoder, each row with its own text-encoder
+        adapters (the hooks of pipelines/lora_rows.py, as in a denoiser forward)."""
+        texts = [key.text if isinstance(key, AdaptedText) else key for key in keys]
+        row_loras = [key.loras if isinstance(key, AdaptedText) else () for key in keys]
+        with self.loras.rows(row_loras, self.device, self.denoiser.dtype):
+            return self._encode_texts(texts)
 
     @abc.abstractmethod
     def _encode_texts(self, texts: list[str]) -> list[Any]:

@@ -5,13 +5,16 @@ every format diffusers converts is understood the way diffusers understands it: 
 safetensors (with their `lora_adapter_metadata`), kohya/A1111 (`lora_down`/`lora_up`/`alpha`),
 XLabs for FLUX. Only safetensors are read (no pickles).
 
-What comes out is a `LoraAdapter`: for every module of the denoiser the adapter changes, its
-down (A) and up (B) weights, with the adapter's own scaling (alpha / r, PEFT's rule) folded
-into B, on the model's device and dtype. How rows of a forward use it: pipelines/lora_rows.py.
+What comes out is a `LoraAdapter`: for every module the adapter changes (in the denoiser, and
+in the text encoders the family's diffusers loader also adapts: CLIP for SD, SDXL, SD3 and
+FLUX), its down (A) and up (B) weights, with the adapter's own scaling (alpha / r, PEFT's rule)
+folded into B, on that module's device and dtype. How rows of a forward use it:
+pipelines/lora_rows.py.
 
 Adapters are checked against the model they are loaded for: a module the model lacks, a
-shape that does not match it, text-encoder weights or a LoRA variant this project does not
-run (DoRA, LoRA biases) is a `LoraFileError` naming the first offender.
+shape that does not match it, a component that takes no adapters here (T5, say) or a LoRA
+variant this project does not run (DoRA, LoRA biases) is a `LoraFileError` naming the first
+offender.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from diffusers.utils import convert_unet_state_dict_to_peft
+from diffusers.utils import convert_state_dict_to_diffusers, convert_state_dict_to_peft, convert_unet_state_dict_to_peft
 from torch import nn
 
 
@@ -44,7 +47,8 @@ class LoraWeights:
 @dataclass(frozen=True)
 class LoraAdapter:
     """A loaded adapter: its name, its file and its weights by the module they change
-    ("transformer.single_transformer_blocks.0.attn.to_q", "unet.down_blocks.1...")."""
+    ("transformer.single_transformer_blocks.0.attn.to_q", "unet.down_blocks.1...",
+    "text_encoder.encoder.layers.0.self_attn.q_proj")."""
 
     name: str
     path: Path
@@ -55,30 +59,42 @@ class LoraAdapter:
         return max(weights.down.shape[0] for weights in self.modules.values())
 
     @property
+    def changes_text_encoder(self) -> bool:
+        """Whether prompts encode differently with this adapter (their cache entries then differ)."""
+        return any(is_text_encoder(module_name.partition(".")[0]) for module_name in self.modules)
+
+    @property
     def parameter_count(self) -> int:
         return sum(w.down.numel() + w.up.numel() for w in self.modules.values())
 
 
-def read_adapter(name: str, path: str | Path, pipe: Any, denoisers: dict[str, nn.Module]) -> LoraAdapter:
-    """The adapter in `path` for the diffusers pipeline `pipe`, whose denoisers are named by their
-    pipeline component ("transformer", "unet", "transformer_2"). Raises LoraFileError."""
+def is_text_encoder(component: str) -> bool:
+    return component.startswith("text_encoder")
+
+
+def read_adapter(name: str, path: str | Path, pipe: Any, components: dict[str, nn.Module]) -> LoraAdapter:
+    """The adapter in `path` for the diffusers pipeline `pipe`; `components`: the models an
+    adapter may change, by their pipeline component name ("transformer", "unet", "transformer_2",
+    "text_encoder", "text_encoder_2"). Raises LoraFileError."""
     path = Path(path)
     if not path.is_file():
         raise LoraFileError(f"LoRA {name!r}: {path} is not a file.")
     if path.suffix != ".safetensors":
         raise LoraFileError(f"LoRA {name!r}: {path.name} is not a .safetensors file (only safetensors are read).")
     state_dict, alphas, metadata = _diffusers_state_dict(pipe, path, name)
-    first = next(iter(denoisers.values()))
-    pairs = _pairs_by_module(state_dict, name, tuple(denoisers))
+    pairs = _pairs_by_module(state_dict, name, tuple(components))
     modules = {}
-    for module_name, (down, up) in pairs.items():
-        component, _, inner = module_name.partition(".")
-        module = _module_of(denoisers[component], inner, module_name, name)
+    for file_module_name, (down, up) in pairs.items():
+        component, _, file_inner = file_module_name.partition(".")
+        inner = _inner_name(components[component], component, file_inner)
+        module_name = f"{component}.{inner}"
+        module = _module_of(components[component], inner, module_name, name)
         _check_shapes(module, down, up, module_name, name)
-        scale = _scaling(module_name, component, inner, down.shape[0], alphas, metadata)
+        scale = _scaling(module_name, component, file_inner, down.shape[0], alphas, metadata)
+        weight = module.weight
         modules[module_name] = LoraWeights(
-            down=down.to(first.device, first.dtype),
-            up=(up.float() * scale).to(first.device, first.dtype),
+            down=down.to(weight.device, weight.dtype),
+            up=(up.float() * scale).to(weight.device, weight.dtype),
         )
     if not modules:
         raise LoraFileError(f"LoRA {name!r}: {path.name} holds no LoRA weights.")
@@ -112,13 +128,14 @@ def _pairs_by_module(state_dict: dict, name: str, components: tuple[str, ...]) -
     for key, tensor in state_dict.items():
         component, _, inner = key.partition(".")
         if component not in components:
-            what = "the text encoder" if component.startswith("text_encoder") else f"{component!r}"
-            raise LoraFileError(f"LoRA {name!r} changes {what} ({key}): only adapters of the denoiser "
-                                f"({', '.join(components)}) are served.")
+            raise LoraFileError(f"LoRA {name!r} changes {component!r} ({key}): adapters of this model may "
+                                f"change {', '.join(components)} only.")
         by_component.setdefault(component, {})[inner] = tensor
     halves: dict[str, dict[str, torch.Tensor]] = {}
     for component, tensors in by_component.items():
-        if "lora_A" not in next(iter(tensors)):
+        if is_text_encoder(component):  # as diffusers' _load_lora_into_text_encoder converts them
+            tensors = convert_state_dict_to_peft(convert_state_dict_to_diffusers(tensors))
+        elif "lora_A" not in next(iter(tensors)):
             tensors = convert_unet_state_dict_to_peft(tensors)
         for key, tensor in tensors.items():
             if "lora_magnitude_vector" in key or "dora_scale" in key:
@@ -138,9 +155,17 @@ def _pairs_by_module(state_dict: dict, name: str, components: tuple[str, ...]) -
     return pairs
 
 
-def _module_of(denoiser: nn.Module, inner: str, module_name: str, name: str) -> nn.Module:
+def _inner_name(model: nn.Module, component: str, inner: str) -> str:
+    """The module's name in `model`: CLIPTextModel lost its `text_model.` level in transformers 5,
+    and older adapter files still name it (diffusers drops it the same way)."""
+    if is_text_encoder(component) and inner.startswith("text_model.") and not hasattr(model, "text_model"):
+        return inner.removeprefix("text_model.")
+    return inner
+
+
+def _module_of(model: nn.Module, inner: str, module_name: str, name: str) -> nn.Module:
     try:
-        module = denoiser.get_submodule(inner)
+        module = model.get_submodule(inner)
     except AttributeError:
         raise LoraFileError(f"LoRA {name!r} changes {module_name}, which this model does not have: "
                             "was it trained for another model?") from None

@@ -11,6 +11,10 @@ adapters the forward mixes: what vLLM's punica/S-LoRA kernels do for LLMs, with 
 Rows without adapters cost nothing beyond the gather of the others; a forward where no row names
 one runs no hook code beyond one attribute check per changed layer.
 
+The same hooks serve adapters of the text encoders: a batched text encoding is a forward whose
+rows are texts, each text encoded with the adapters of the request it belongs to
+(DiffusersStepPipeline._encode_prompt_keys).
+
 Why not PEFT's mixed-adapter batches (`adapter_names=` on its LoRA layers): they take ONE
 adapter per row at that adapter's fixed scale, so two rows with the same adapter at 0.5 and 1,
 or a row with two adapters, would need a PEFT adapter per (name, scale) combination, made while
@@ -134,7 +138,9 @@ class RowLoras:
                 raise RuntimeError(f"LoRA rows: {module_name} saw {x.shape[0]} rows, the forward has "
                                    f"{plan.row_count}: this model folds something else into the batch dimension.")
             rows = x if plan.rows is None else x.index_select(0, plan.rows)
-            delta = _delta(module, stacked, rows.to(stacked.down.dtype), plan.scales[:, stacked.columns])
+            # (A text encoder may run in another dtype than the denoiser the scales were made for.)
+            scales = plan.scales[:, stacked.columns].to(stacked.down.dtype)
+            delta = _delta(module, stacked, rows.to(stacked.down.dtype), scales)
             if plan.rows is None:
                 return output + delta.to(output.dtype)
             return output.index_add(0, plan.rows, delta.to(output.dtype))

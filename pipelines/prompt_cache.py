@@ -9,7 +9,9 @@ And when several requests join the same engine step, their missing texts go thro
 text encoders in ONE batched call instead of one call each (`PromptEmbeddingCache.encode_many`).
 
 The cache holds one entry per text (tensors with a batch dim of 1). Entries are read-only:
-a pipeline builds new tensors from them (torch.cat) and never writes into them.
+a pipeline builds new tensors from them (torch.cat) and never writes into them. A text encoded
+with LoRA adapters that change a text encoder is an `AdaptedText`, its own entry; adapters
+that change only the denoiser leave the text's entry shared.
 """
 
 from __future__ import annotations
@@ -17,11 +19,21 @@ from __future__ import annotations
 import abc
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 DEFAULT_CAPACITY = 32  # texts; a FLUX.1 T5 embedding is ~4 MB in bf16, so ~130 MB at most
 
-EncodeBatch = Callable[[list[str]], list[Any]]  # texts -> one entry per text, in order
+
+
+class AdaptedText(NamedTuple):
+    """A text encoded with text-encoder adapters (pipelines/lora_request.LoraUse, sorted)."""
+
+    text: str
+    loras: tuple
+
+
+PromptKey = str | AdaptedText  # what the cache is keyed by: a plain text, or a text with adapters
+EncodeBatch = Callable[[list[PromptKey]], list[Any]]  # keys -> one entry per key, in order
 
 
 def split_rows(count: int, *batched) -> list[tuple]:
