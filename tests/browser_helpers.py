@@ -7,8 +7,10 @@ install`), the skip when it is missing, and screenshots in test-artifacts/ for a
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -36,3 +38,18 @@ def browser():
 def shot(page, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+@contextlib.contextmanager
+def editor_page(browser, url: str, **context_options) -> Iterator:
+    """A fresh page on the studio at `url`, once its node editor has drawn its nodes; on leaving,
+    no JavaScript error may have happened on it."""
+    context = browser.new_context(viewport={"width": 1500, "height": 1200}, **context_options)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(url)
+    page.wait_for_selector("#ss-node-editor .drawflow-node")
+    yield page
+    context.close()
+    assert errors == [], f"JavaScript errors on the page: {errors}"

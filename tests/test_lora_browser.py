@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from pipelines.loader import load_models
-from tests.browser_helpers import BROWSER_MARKS, browser, shot, sync_api  # noqa: F401 (browser: a fixture)
+from tests.browser_helpers import BROWSER_MARKS, browser, editor_page, shot, sync_api  # noqa: F401 (browser: a fixture)
 from tests.engine_helpers import spy_on_submits
 from tests.studio_helpers import live_studio
 from tests.test_node_editor_browser import drag_from_palette, drag_link, links, nodes
@@ -34,15 +34,8 @@ def studio():
 
 @pytest.fixture
 def page(studio, browser):
-    context = browser.new_context(viewport={"width": 1500, "height": 1200})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(studio[0].url)
-    page.wait_for_selector("#ss-node-editor .drawflow-node")
-    yield page
-    context.close()
-    assert errors == [], f"JavaScript errors on the page: {errors}"
+    with editor_page(browser, studio[0].url) as page:
+        yield page
 
 
 def centre_colour(picture: Image.Image) -> str:

@@ -15,7 +15,7 @@ from PIL import Image
 
 from pipelines.interface import ModelDefaults
 from pipelines.toy import ToyPipeline
-from tests.browser_helpers import BROWSER_MARKS, browser, shot, sync_api  # noqa: F401 (browser: a fixture)
+from tests.browser_helpers import BROWSER_MARKS, browser, editor_page, shot, sync_api  # noqa: F401 (browser: a fixture)
 from tests.engine_helpers import StepGate, spy_on_cancels, spy_on_submits
 from tests.studio_helpers import live_studio, wait_for
 
@@ -36,15 +36,8 @@ def studio(tmp_path_factory):
 
 @pytest.fixture
 def page(studio, browser):
-    context = browser.new_context(viewport={"width": 1500, "height": 1200}, accept_downloads=True)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(studio[0].url)
-    page.wait_for_selector("#ss-node-editor .drawflow-node")
-    yield page
-    context.close()
-    assert errors == [], f"JavaScript errors on the page: {errors}"
+    with editor_page(browser, studio[0].url, accept_downloads=True) as page:
+        yield page
 
 
 def nodes(page, node_type: str | None = None) -> list[str]:
