@@ -3,7 +3,7 @@
 For each tiny checkpoint of `tests/tiny_checkpoints.py` (one per `build_tiny_<name>`), both
 pipelines load the same folder through their public APIs only: ours with
 `pipelines.loader.load_pipeline(folder, LoadOptions(device, dtype))`, driven through
-`engine.Engine`; the stock one with `diffusers.<Class>.from_pretrained(folder, torch_dtype)`.
+`engine.Engine`; the stock one with `diffusers.<Class>.from_pretrained(folder, dtype)`.
 Two requests (other prompts, seeds and step counts) run through our engine alone, then
 together (queued before `start()`, so they share every forward while both run), and each
 result is compared with the stock call of the same request: final latents (max abs
@@ -85,7 +85,7 @@ def tiny_builders() -> dict[str, Callable]:
 
 
 def load_stock(class_name: str, folder: Path, device: torch.device, dtype: torch.dtype):
-    """`diffusers.<class_name>.from_pretrained(folder, torch_dtype=dtype)` on the device.
+    """`diffusers.<class_name>.from_pretrained(folder, dtype=dtype)` on the device.
 
     Without `accelerate`, diffusers 0.42 refuses models that keep modules in float32 (Wan's
     transformers); those are then built from their config and safetensors (public API too),
@@ -95,7 +95,7 @@ def load_stock(class_name: str, folder: Path, device: torch.device, dtype: torch
 
     pipeline_class = getattr(diffusers, class_name)
     try:
-        pipe = pipeline_class.from_pretrained(folder, torch_dtype=dtype, use_safetensors=True)
+        pipe = pipeline_class.from_pretrained(folder, dtype=dtype, use_safetensors=True)
         how = "from_pretrained"
     except ValueError as exc:
         if "low_cpu_mem_usage" not in str(exc):
@@ -108,7 +108,7 @@ def load_stock(class_name: str, folder: Path, device: torch.device, dtype: torch
                 model = model_class.from_config(model_class.load_config(folder / name))
                 model.load_state_dict(safetensors.torch.load_file(folder / name / "diffusion_pytorch_model.safetensors"))
                 models[name] = model.to(dtype).eval()
-        pipe = pipeline_class.from_pretrained(folder, torch_dtype=dtype, use_safetensors=True, **models)
+        pipe = pipeline_class.from_pretrained(folder, dtype=dtype, use_safetensors=True, **models)
         how = "from_pretrained; " + ", ".join(models) + " from config + safetensors (no accelerate)"
     pipe.set_progress_bar_config(disable=True)
     return pipe.to(device), how

@@ -136,7 +136,7 @@ class DiffusersSystem:
 
             self.pipe, _ = load_stock("WanPipeline", Path(path), torch.device("cpu"), torch.float32)
         else:
-            self.pipe = FluxPipeline.from_pretrained(path, use_safetensors=True, torch_dtype=torch.float32)
+            self.pipe = FluxPipeline.from_pretrained(path, use_safetensors=True, dtype=torch.float32)
         self.pipe.set_progress_bar_config(disable=True)
         studio = read_studio_config(Path(path))
         self.max_sequence_length = studio.max_sequence_length or 512

@@ -73,7 +73,7 @@ def load_diffusers_pipeline(pipeline_class, path: Path, options: LoadOptions, fa
     device, dtype = resolve_device_dtype(options)
     try:
         kwargs = extra_kwargs(path, dtype) if extra_kwargs is not None else {}
-        pipe = pipeline_class.from_pretrained(path, use_safetensors=True, torch_dtype=dtype, **kwargs)
+        pipe = pipeline_class.from_pretrained(path, use_safetensors=True, dtype=dtype, **kwargs)
     except Exception as exc:  # noqa: BLE001 - corrupt, partial or pickle-only folders alike
         raise ValueError(
             f"could not load {path} as a {family} checkpoint ({type(exc).__name__}: {exc}). The folder must be "

@@ -121,7 +121,7 @@ class WanStepPipeline(FlowMatchStepPipeline):
             return {}
         return {
             name: _keep_fp32_modules(
-                _WanTransformerWithoutAccelerate.from_pretrained(path / name, torch_dtype=dtype, use_safetensors=True)
+                _WanTransformerWithoutAccelerate.from_pretrained(path / name, dtype=dtype, use_safetensors=True)
             )
             for name in ("transformer", "transformer_2")
             if (path / name).is_dir()
