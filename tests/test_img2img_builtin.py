@@ -8,8 +8,9 @@ import pytest
 from engine import Completed, Engine, GenerationParams, Progress
 from pipelines.loader import load_pipeline
 from studio.page.workflow_tab import EXAMPLES_DIR
-from studio.workflows.compiler import ModelLimits, WorkflowLimits, compile_workflow
+from studio.workflows.compiler import compile_workflow
 from studio.workflows.format import parse_workflow
+from studio.workflows.limits import ModelLimits, WorkflowLimits
 from tests.engine_helpers import run_workflow_to_end
 from tools.evaluate_builtin import measure
 from tools.shapes_world import ShapeSpec, render

@@ -9,8 +9,9 @@ import pytest
 
 from pipelines.loader import load_models
 from studio.page.workflow_tab import EXAMPLES_DIR
-from studio.workflows.compiler import ModelLimits, WorkflowLimits, compile_workflow
+from studio.workflows.compiler import compile_workflow
 from studio.workflows.format import parse_workflow
+from studio.workflows.limits import ModelLimits, WorkflowLimits
 from tests.engine_helpers import run_workflow_to_end
 from tools.evaluate_builtin import measure
 

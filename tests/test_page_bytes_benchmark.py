@@ -7,8 +7,9 @@ import asyncio
 import time
 
 from benchmarks import page_bytes
-from studio.workflows.compiler import ModelLimits, WorkflowLimits, compile_workflow
+from studio.workflows.compiler import compile_workflow
 from studio.workflows.format import parse_workflow
+from studio.workflows.limits import ModelLimits, WorkflowLimits
 
 
 def test_the_grid_workflow_is_a_4x4_grid_of_16_branches():

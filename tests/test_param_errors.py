@@ -22,8 +22,9 @@ from pipelines.validation import (
     check_video_params,
 )
 from studio.api.errors import from_engine_value_error
-from studio.workflows.compiler import ModelLimits, WorkflowLimits, compile_workflow
+from studio.workflows.compiler import compile_workflow
 from studio.workflows.format import WorkflowError, link_json, parse_workflow
+from studio.workflows.limits import ModelLimits, WorkflowLimits
 from studio.workflows.nodes import NODE_TYPES
 from studio.workflows.run import WorkflowRun
 

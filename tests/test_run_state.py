@@ -18,8 +18,9 @@ from engine import Engine
 from pipelines.toy import ToyPipeline
 from studio.page.run_state import FILE_ROUTE, EditorRunState, RunFiles, RunStateEncoder
 from studio.server.temp_files import TempFolder
-from studio.workflows.compiler import ModelLimits, WorkflowLimits, compile_workflow
+from studio.workflows.compiler import compile_workflow
 from studio.workflows.format import parse_workflow
+from studio.workflows.limits import ModelLimits, WorkflowLimits
 from studio.workflows.run import WorkflowRun
 
 STEPS = 6

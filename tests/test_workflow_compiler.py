@@ -8,12 +8,8 @@ import sys
 
 import pytest
 
-from studio.workflows.compiler import (
-    ModelLimits,
-    WorkflowLimits,
-    compile_workflow,
-    with_run_settings,
-)
+from studio.workflows.branches import with_run_settings
+from studio.workflows.compiler import compile_workflow
 from studio.workflows.format import (
     MAX_NODES,
     MAX_VALUE_CHARS,
@@ -23,6 +19,7 @@ from studio.workflows.format import (
     json_bytes,
     parse_workflow,
 )
+from studio.workflows.limits import ModelLimits, WorkflowLimits
 from studio.workflows.nodes import NODE_TYPES, node_type_specs
 
 LIMITS = WorkflowLimits((ModelLimits(max_steps=100, max_size=256, size_multiple=16, schedulers=("euler", "ddim"),

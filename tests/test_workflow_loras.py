@@ -4,7 +4,7 @@ axis, and refusals at the node and field that set them (unknown adapter, scale o
 from __future__ import annotations
 
 from pipelines.lora_request import LoraUse
-from studio.workflows.compiler import ModelLimits, WorkflowLimits
+from studio.workflows.limits import ModelLimits, WorkflowLimits
 from tests.test_workflow_compiler import PROMPT, SAMPLER, TO_SAMPLER, compiled, link, node, problems
 
 LIMITS = WorkflowLimits((ModelLimits(name="shapes", max_steps=100, max_size=256, loras=("outline", "thick")),),

@@ -15,8 +15,9 @@ from PIL import Image
 
 from engine import Engine, GenerationParams, ServingLimits
 from pipelines.toy import ToyPipeline
-from studio.workflows.compiler import ModelLimits, WorkflowLimits, compile_workflow
+from studio.workflows.compiler import compile_workflow
 from studio.workflows.format import WorkflowError, parse_workflow
+from studio.workflows.limits import ModelLimits, WorkflowLimits
 from studio.workflows.run import WorkflowRun
 from tests.engine_helpers import solo_pixels
 

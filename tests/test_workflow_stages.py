@@ -18,7 +18,7 @@ from engine import Engine, ServingLimits
 from pipelines.toy import ToyPipeline
 from studio.page.simple_tab import form_workflow, start_picture
 from studio.pictures import MAX_DATA_URL_CHARS, MaskSpec, picture_data_url, sized, start_size
-from studio.workflows.compiler import ModelLimits, WorkflowLimits, compile_workflow
+from studio.workflows.compiler import compile_workflow
 from studio.workflows.format import (
     MAX_SAVED_WORKFLOW_CHARS,
     MAX_WORKFLOW_BYTES,
@@ -27,6 +27,7 @@ from studio.workflows.format import (
     link_json,
     parse_workflow,
 )
+from studio.workflows.limits import ModelLimits, WorkflowLimits
 from studio.workflows.run import WorkflowRun
 from tests.engine_helpers import solo_pixels
 

@@ -27,7 +27,7 @@ from studio.media import animated_gif, data_url, preview_image
 from studio.server.temp_files import TempFolder
 from studio.workflows.compiler import CompiledWorkflow
 from studio.workflows.format import WorkflowError
-from studio.workflows.run import BranchView, RunView
+from studio.workflows.run_views import BranchView, RunView
 
 FILE_ROUTE = "gradio_api/file="  # relative to the page, like the editor's own scripts
 RUN_FILES_FOLDER = "stepstudio-runs"  # in Gradio's cache folder

@@ -15,7 +15,8 @@ from collections import OrderedDict
 from PIL import Image
 
 from studio.tracker import COMPLETED, QUEUED, RUNNING, WAITING
-from studio.workflows.run import BranchView, WorkflowRun
+from studio.workflows.run import WorkflowRun
+from studio.workflows.run_views import BranchView
 
 RESULTS_PER_TAB = 24
 TABS_KEPT = 512  # tabs whose results are kept in memory (the oldest go first)

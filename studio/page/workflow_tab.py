@@ -40,21 +40,18 @@ from studio.server.temp_files import TempFolder
 from studio.sessions import session_id_of
 from studio.tracker import ABORTED, COMPLETED
 from studio.user_errors import user_error
-from studio.workflows.compiler import (
-    CompiledWorkflow,
-    ModelLimits,
-    WorkflowLimits,
-    compile_workflow,
-)
+from studio.workflows.compiler import CompiledWorkflow, compile_workflow
 from studio.workflows.format import (
     Problem,
     WorkflowError,
     for_saving,
     parse_workflow,
 )
+from studio.workflows.limits import ModelLimits, WorkflowLimits
 from studio.workflows.nodes import node_type_specs
 from studio.workflows.registry import RunRegistry
-from studio.workflows.run import BranchView, RunView, WorkflowRun
+from studio.workflows.run import WorkflowRun
+from studio.workflows.run_views import BranchView, RunView
 
 REPO = Path(__file__).resolve().parents[2]
 WEB_DIR = Path(__file__).resolve().parent / "web"
