@@ -18,6 +18,7 @@ import logging
 import os
 import secrets
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 from pipelines.lora_files import LoraOption
@@ -131,8 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
     outputs = parser.add_argument_group("outputs")
     outputs.add_argument("--outputs", default=defaults.outputs, metavar="DIR",
                          help="save every finished image (PNG with its settings) and video (MP4) here; "
-                              "the History tab lists them")
-    outputs.add_argument("--no-save", action="store_true", help="save nothing (the History tab stays empty)")
+                              "the History tab lists them. Its studio.db keeps accepted work and video jobs "
+                              "across restarts")
+    outputs.add_argument("--no-save", action="store_true",
+                         help="save nothing and keep accepted work in memory only (the History tab stays empty; "
+                              "a restart loses what was queued)")
+    outputs.add_argument("--resume-max-age", type=float, default=defaults.resume_max_age_s, metavar="S",
+                         help="at start, run again accepted work from before a restart unless older than S "
+                              "seconds (default: %(default)g)")
     server.add_argument("--show-prompts", action="store_true",
                         help="show every session's prompt in the queue view (default: only your own)")
     replicas = parser.add_argument_group("replicas (Ray Serve; pip install -e '.[serve]')")
@@ -159,7 +166,7 @@ def config_from_args(args: argparse.Namespace) -> StudioOptions:
         share=args.share, auth=parse_auth(args.auth), preview_every=args.preview_every, max_steps=args.max_steps,
         max_size=args.max_size, max_per_session=args.max_per_session, max_branches=args.max_branches,
         show_prompts=args.show_prompts, max_session_cost=args.max_session_cost,
-        outputs=None if args.no_save else args.outputs, device=args.device, dtype=args.dtype, compile=args.compile, prompt_cache=args.prompt_cache,
+        outputs=None if args.no_save else args.outputs, resume_max_age_s=args.resume_max_age, device=args.device, dtype=args.dtype, compile=args.compile, prompt_cache=args.prompt_cache,
         loras=tuple(LoraOption.parse(text) for text in args.lora or []), lora_folder=args.loras,
         api_keys=tuple([parse_api_key(text) for text in args.api_key or []]
                        + (read_api_keys_file(args.api_keys_file) if args.api_keys_file else [])),
@@ -246,6 +253,16 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         parser.error(f"can't listen on {config.host}:{config.port}: {exc.strerror or exc} "
                      "(is another server using it? pick another --port)")
+    from studio.store.database import StoreError
+    from studio.store.store import StudioStore
+
+    try:  # before the model loads too: a database that can't be used is an error now
+        store = StudioStore.open(Path(config.outputs).expanduser() if config.outputs else None)
+    except StoreError as exc:
+        sock.close()
+        parser.error(str(exc))
+    if store.path is None:
+        log.info("saving is off (--no-save): accepted work is kept in memory only and is lost on restart")
     try:
         pipelines = load_models(config)
     except ValueError as exc:
@@ -263,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds = warm_up(engine, [(defaults.width, defaults.height)])
         log.info("compiled and warmed up at %dx%d in %.1f s", defaults.width, defaults.height, seconds[0])
     try:
-        server = StudioServer(build_app(engine, config), config.host, sock=sock)
+        server = StudioServer(build_app(engine, config, store), config.host, sock=sock)
         log.info("models %s, %s mode, up to %d requests per forward, max size %d px, serving on %s",
                  ", ".join(engine.models.names), config.mode, config.max_batch, engine.limits.max_size, server.url)
         if config.share:

@@ -295,7 +295,7 @@ def studio_process(folder: Path, max_branches: int, max_steps: int, threads: int
         port = sock.getsockname()[1]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     command = [sys.executable, str(ROOT / "app.py"), "--model", str(folder), "--port", str(port),
-               "--max-branches", str(max_branches), "--max-steps", str(max_steps)]
+               "--max-branches", str(max_branches), "--max-steps", str(max_steps), "--no-save"]
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}/"
     try:

@@ -225,6 +225,19 @@ class RequestHandle:
         finally:
             unsubscribe()
 
+    def when_final(self, callback: Callable[[Event], None]) -> None:
+        """Call `callback(final event)` once the request ends (at once when it has ended), on the
+        thread that emits it (the engine's): it must be quick and never raise. For owners that
+        must see the end whatever the caller does (a durable record of the request)."""
+        done = threading.Event()  # the replay and a live delivery may race: call it once
+
+        def deliver(event: Event) -> None:
+            if isinstance(event, FINAL_EVENTS) and not done.is_set():
+                done.set()
+                callback(event)
+
+        self._subscribe(deliver)
+
     def result(self, timeout: float | None = None) -> Event:
         """Block until the request ends; returns its final event (Completed, Aborted or Failed)."""
         final = None

@@ -73,6 +73,8 @@ class StudioOptions:
     api_keys: tuple[tuple[str, str], ...] = ()
     show_prompts: bool = False  # show other sessions' prompts in the queue view
     outputs: str | None = "outputs"  # where finished results are saved (None: --no-save)
+    # Accepted work older than this at a restart is not run again (studio.store.recovery).
+    resume_max_age_s: float = 86400.0
     device: str | None = None
     dtype: str | None = None
     compile: bool = False  # torch.compile the denoiser, then warm up at the model's default size

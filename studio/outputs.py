@@ -13,7 +13,8 @@ browser's signed token, or an API caller's session, under the server's secret), 
 its results and nobody can list another caller's.
 
 Layout: <folder>/<YYYY-MM-DD>/<NNNNN>-<seed>.png   (NNNNN counts up within the day)
-        <folder>/history/<owner>.jsonl             (one saved result per line)
+        <folder>/studio.db                         (the history index, with the studio's other durable state)
+        <folder>/history/secret.key                (what History tokens are signed with)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import re
 import struct
 import threading
@@ -45,6 +47,7 @@ from pipelines.params import (
     MIN_SIZE,
 )
 from studio.server.history_owners import HistoryOwners, is_owner_key
+from studio.store.store import StudioStore
 
 HISTORY_FOLDER = "history"
 log = logging.getLogger(__name__)
@@ -176,11 +179,13 @@ class SavedOutput:
 
 
 class OutputStore:
-    """Saves finished results and lists a browser's history. `folder=None` turns saving off."""
+    """Saves finished results and lists a browser's history. `folder=None` turns saving off.
+    `index`: the studio's durable store, whose history table indexes the files (opened on the
+    folder when not given)."""
 
     def __init__(self, folder: Path | None, model: str, fps: int = 16,
                  write_video: Callable[[Sequence[Image.Image], Path, int], None] | None = None,
-                 fps_by_model: Mapping[str, int] | None = None) -> None:
+                 fps_by_model: Mapping[str, int] | None = None, index: StudioStore | None = None) -> None:
         self.folder = Path(folder) if folder is not None else None
         self.model = model
         self.fps = fps  # a saved video's frames per second, unless its model is in fps_by_model
@@ -188,8 +193,11 @@ class OutputStore:
         self._write_video = write_video
         self._lock = threading.Lock()
         self._counter: dict[str, itertools.count] = {}
+        self.index = index if index is not None else StudioStore.open(self.folder)
         # Who may list what: owner keys and browser tokens under this folder's secret.
         self.owners = HistoryOwners.in_folder(None if self.folder is None else self.folder / HISTORY_FOLDER)
+        if self.folder is not None:
+            self.finish_partial_files()
 
     @property
     def enabled(self) -> bool:
@@ -202,9 +210,15 @@ class OutputStore:
             self._counter[day] = itertools.count(max(existing, default=0) + 1)
         return day_folder / f"{next(self._counter[day]):05d}-{seed}"
 
-    def save(self, completed: Completed, owner: str, workflow: dict | None = None) -> SavedOutput | None:
-        """Write the result and its history line; None when saving is off. `owner`: a key from
-        `self.owners`."""
+    def save(self, completed: Completed, owner: str, workflow: dict | None = None,
+             in_same_commit: Callable[[], None] | None = None) -> SavedOutput | None:
+        """Write the result and index it; None when saving is off. `owner`: a key from
+        `self.owners`. `in_same_commit`: more store writes that must land with the index row or not
+        at all (the accepted request's end: studio.store.store says why).
+
+        The files are written under `.partial.` names and synced, the index row is committed, then
+        they are renamed: a crash at any point leaves no result indexed without its files, and the
+        next start finishes or removes what a crash left (`finish_partial_files`)."""
         if self.folder is None:
             return None
         if not is_owner_key(owner):
@@ -222,41 +236,50 @@ class OutputStore:
             stem = self._next_stem(day_folder, params.seed)
             if completed.is_video:
                 poster = stem.with_suffix(".png")
-                completed.images[0].convert("RGB").save(poster, pnginfo=info)
+                _write_synced(poster, lambda file: completed.images[0].convert("RGB").save(file, "PNG", pnginfo=info))
                 path = stem.with_suffix(".mp4")
                 if self._write_video is None:
                     raise RuntimeError("this OutputStore was made without a video writer")
-                self._write_video(completed.images, path, self.fps_by_model.get(model, self.fps))
+                self._write_video(completed.images, _partial(path), self.fps_by_model.get(model, self.fps))
+                _sync(_partial(path))
             else:
                 poster = None
                 path = stem.with_suffix(".png")
-                completed.images[0].save(path, pnginfo=info)
+                _write_synced(path, lambda file: completed.images[0].save(file, "PNG", pnginfo=info))
             settings = dict(parse_infotext(text), model=model)
             saved = SavedOutput(str(path), str(poster) if poster else None, owner,
                                 "video" if completed.is_video else "image", time.time(), text, settings,
                                 workflow is not None)
-            history = self.folder / HISTORY_FOLDER
-            history.mkdir(exist_ok=True)
-            with open(history / f"{owner}.jsonl", "a", encoding="utf-8") as lines:
-                lines.write(saved.as_json() + "\n")
+            with self.index.transaction():
+                self.index.add_history(asdict(saved))
+                if in_same_commit is not None:
+                    in_same_commit()
+            for written in (path, poster):
+                if written is not None:
+                    _partial(written).rename(written)
         return saved
+
+    def finish_partial_files(self) -> int:
+        """After a crash: rename the files whose result the index holds, delete the others (their
+        request is still accepted and runs again). Returns how many files were renamed."""
+        renamed = 0
+        for partial in sorted(self.folder.glob(f"*/*{PARTIAL}*")):
+            final = partial.with_name(partial.name.replace(PARTIAL, "", 1))
+            if self.index.is_indexed(str(final)):
+                partial.rename(final)
+                renamed += 1
+            else:
+                partial.unlink()
+        if renamed:
+            log.info("finished %d saved files a crash had left unrenamed", renamed)
+        return renamed
 
     def history(self, owner: str, limit: int = HISTORY_LIMIT) -> list[SavedOutput]:
         """This owner's saved results whose files still exist, newest first."""
         if self.folder is None or not is_owner_key(owner):
             return []
-        path = self.folder / HISTORY_FOLDER / f"{owner}.jsonl"
-        if not path.is_file():
-            return []
-        found: list[SavedOutput] = []
-        with self._lock, open(path, encoding="utf-8") as lines:
-            for line in lines:
-                try:
-                    found.append(SavedOutput(**json.loads(line)))
-                except (json.JSONDecodeError, TypeError):
-                    continue  # a line cut short by a crash: skip it
-        found = [item for item in found if Path(item.path).exists()]
-        return sorted(found, key=lambda item: item.created, reverse=True)[:limit]
+        found = [SavedOutput(**row) for row in self.index.history(owner, limit * 2)]
+        return [item for item in found if Path(item.path).exists()][:limit]
 
     def name_of(self, item: SavedOutput) -> str:
         """A saved result's picture by name: its path in the outputs folder ("2026-12-02/00001-7.png";
@@ -276,13 +299,27 @@ class OutputStore:
         """File `old_owner`'s results under `new_owner` (a browser moving to a signed token)."""
         if self.folder is None or not (is_owner_key(old_owner) and is_owner_key(new_owner)):
             return
-        history = self.folder / HISTORY_FOLDER
-        with self._lock:
-            old = history / f"{old_owner}.jsonl"
-            if old.is_file():
-                with open(history / f"{new_owner}.jsonl", "a", encoding="utf-8") as lines:
-                    lines.write(old.read_text(encoding="utf-8"))
-                old.unlink()
+        self.index.adopt(old_owner, new_owner)
+
+
+PARTIAL = ".partial"  # in the name of a saved file until its index row is committed
+
+
+def _partial(path: Path) -> Path:
+    return path.with_name(f"{path.stem}{PARTIAL}{path.suffix}")
+
+
+def _write_synced(path: Path, write: Callable) -> None:
+    """Write `path`'s partial file and sync it to disk (it is indexed next)."""
+    with open(_partial(path), "wb") as file:
+        write(file)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+def _sync(path: Path) -> None:
+    with open(path, "rb") as file:
+        os.fsync(file.fileno())
 
 
 async def save_quietly(store: OutputStore | None, completed: Completed, owner: str, workflow: dict | None = None) -> None:

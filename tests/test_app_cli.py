@@ -84,7 +84,7 @@ def test_without_model_the_built_in_models_are_served(monkeypatch, tmp_path):
 def test_bad_options_and_a_model_that_cannot_be_loaded_exit_with_status_2():
     """docs/configuration.md: "`python app.py` exits with status ... 2 for bad options, a busy port or a
     model that can't be loaded" (the busy port: tests/test_reliability_app.py)."""
-    commands = {"bad option": ["--bad-option"], "unloadable model": ["--model", "/nonexistent", "--port", "0"]}
+    commands = {"bad option": ["--bad-option"], "unloadable model": ["--model", "/nonexistent", "--port", "0", "--no-save"]}
     # Both at once: the second takes the time of the studio's imports before it tries the model.
     processes = {name: subprocess.Popen([sys.executable, "app.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, text=True)

@@ -170,7 +170,9 @@ def test_no_token_a_page_can_send_lists_an_api_callers_results(tmp_path):
         caller = connect(server.url)
         status, *_ = caller.predict("an api caller's secret", "", 8, 8, 2, 1.0, 5, api_name="/generate")
         assert status["state"] == "completed"
-        (history_file,) = (outputs / "history").glob("*.jsonl")  # filed under the caller's key
+        (api_result,) = OutputStore(outputs, model="toy").index.history(
+            HistoryOwners.in_folder(outputs / "history").of_caller(
+                session_id_of(SimpleNamespace(session_hash=caller.session_hash, username=None))), 10)
         page = Page(server.url)
         # A browser's own token, issued by the server, lists that browser's results.
         mine, listed = page.started("")
@@ -190,7 +192,8 @@ def test_no_token_a_page_can_send_lists_an_api_callers_results(tmp_path):
                 assert page.listed(forged) == [], (session, kind)
                 fresh, listed = page.started(forged)
                 assert listed == [] and fresh != forged and owners.verified(fresh) == fresh, (session, kind)
-        assert history_file.stem == owners.of_caller(true_session)
+        assert api_result["owner"] == owners.of_caller(true_session)  # filed under the caller's key
+        assert api_result["parameters"].startswith("an api caller's secret")
 
 
 def test_a_browser_token_from_before_signing_is_exchanged_and_keeps_its_results(tmp_path):

@@ -161,9 +161,8 @@ def test_create_and_poll_then_download_the_mp4_thumbnail_and_spritesheet(checkpo
         assert_same_video(decoded, direct.images)
 
         # Saved like the page's results, under the caller's session, before it showed as completed.
-        owner = OutputStore(tmp_path / "outputs", model="wan").owners.of_caller("http:host:127.0.0.1")
-        history = tmp_path / "outputs" / "history" / f"{owner}.jsonl"
-        saved = json.loads(history.read_text().splitlines()[0])
+        store = OutputStore(tmp_path / "outputs", model="wan")
+        (saved,) = store.index.history(store.owners.of_caller("http:host:127.0.0.1"), 10)
         assert saved["kind"] == "video" and Path(saved["path"]).suffix == ".mp4" and saved["settings"]["seed"] == 7
 
 
@@ -347,7 +346,7 @@ def job(job_id: str, owner: str, created_at: float = 0.0) -> VideoJob:
     return VideoJob(id=job_id, owner=owner, handle=handle, fps=FPS, created_at=created_at)
 
 
-FILES = VideoFiles(mp4=b"m" * 6, thumbnail=b"t" * 2, spritesheet=b"s" * 2)  # 10 bytes
+FILES = VideoFiles({}, size_bytes=10)  # no files on disk: the store alone counts their bytes
 
 
 def test_job_status_and_progress_follow_the_engine_events():
@@ -409,6 +408,6 @@ def test_finished_jobs_expire_and_bytes_are_bounded():
     assert store.get("b1", "bob") is None and len(store) == 1  # 60 s after it finished
     huge = job("a3", "alice")
     store.add(huge)
-    store.finish(huge, files=VideoFiles(b"m" * 30, b"", b""))
+    store.finish(huge, files=VideoFiles({}, size_bytes=30))
     assert huge.status == "failed" and huge.failure == VideoError("video_too_large", huge.error.message)
     assert "30 bytes" in huge.error.message

@@ -67,6 +67,8 @@ app.main_then_exit(sys.argv[2:])
 
 class AppProcess:
     def __init__(self, *args: str, step_delay_s: float = 0.05, env: dict[str, str] | None = None) -> None:
+        if "--outputs" not in args:  # one studio per outputs folder: studios of other tests save nothing
+            args = (*args, "--no-save")
         self.process = subprocess.Popen(
             [sys.executable, "-c", _LAUNCH, str(step_delay_s), "--model", "toy", "--preview-every", "0", *args],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},

@@ -28,10 +28,11 @@ from studio.pictures import MAX_UPLOAD_BYTES, as_init_image, check_same_size, ma
 from studio.config import StudioOptions
 from studio.form import RANDOM_SEED, FormValues
 from studio.media import animated_gif, final_media, model_fps, preview_image
-from studio.outputs import OutputStore, save_quietly
+from studio.outputs import OutputStore
 from studio.queue_snapshot import snapshot_as_dict
 from studio.server.temp_files import TempFolder
 from studio.sessions import cancel_own_request, session_id_of
+from studio.store.durable import DurableRequests, finish_image
 from studio.tracker import COMPLETED, FAILED, RequestTracker, Status
 from studio.user_errors import engine_errors_as_gradio, user_error
 
@@ -40,20 +41,35 @@ PREVIEWS = TempFolder("stepstudio-previews", ttl_s=600)
 LORAS_LABEL = 'loras (optional: [{"name": NAME, "scale": 1.0}], adapters loaded for the model)'
 
 
-def wire_api_endpoints(engine: EngineClient, config: StudioOptions, store: OutputStore) -> None:
+def wire_api_endpoints(engine: EngineClient, config: StudioOptions, store: OutputStore,
+                       durable: DurableRequests) -> None:
+    """`durable`: what follows every accepted request to its end (its result saved even when the
+    caller went; resumed after a restart)."""
+    accept = _acceptor(store, durable)
     image_models = [name for name, info in engine.infos.items() if info.output_kind == "image"]
     video_models = [name for name, info in engine.infos.items() if info.output_kind == "video"]
     if image_models:
-        _wire_generate(engine, config, store, image_models[0], "image")
+        _wire_generate(engine, config, accept, image_models[0], "image")
     if video_models:
-        _wire_generate(engine, config, store, video_models[0], "video")
+        _wire_generate(engine, config, accept, video_models[0], "video")
     takes_images = [name for name in image_models if "init_image" in engine.infos[name].image_inputs]
     if takes_images:
-        _wire_image_to_image(engine, config, store, takes_images[0])
+        _wire_image_to_image(engine, config, accept, takes_images[0])
     _wire_cancel_and_queue(engine, config)
 
 
-def _wire_generate(engine: EngineClient, config: StudioOptions, store: OutputStore, example_model: str, kind: str) -> None:
+def _acceptor(store: OutputStore, durable: DurableRequests):
+    """Record a submitted request as accepted for its caller's history; the future is done once
+    its result is saved (or it ended without one)."""
+    def accept(handle):
+        owner = store.owners.of_caller(handle.session_id)
+        entry = durable.store.accept("image", handle.session_id, owner, handle.params)
+        return durable.follow(handle, entry, finish_image(store))
+
+    return accept
+
+
+def _wire_generate(engine: EngineClient, config: StudioOptions, accept, example_model: str, kind: str) -> None:
     """`/generate` (image models) or `/generate_video` (video models): stream (status, preview, media)."""
     defaults = engine.infos[example_model].defaults
     default_model = "" if example_model == engine.models.default else example_model
@@ -82,7 +98,7 @@ def _wire_generate(engine: EngineClient, config: StudioOptions, store: OutputSto
             media = gr.Image(label="image", format="png", type="pil")
 
     async def generated(form: FormValues, request: gr.Request):
-        async for outputs in _streamed(engine, config, store, form, session_id_of(request), kind,
+        async for outputs in _streamed(engine, config, accept, form, session_id_of(request), kind,
                                        (status, preview, media)):
             yield outputs
 
@@ -111,7 +127,7 @@ def _wire_generate(engine: EngineClient, config: StudioOptions, store: OutputSto
                   preprocess=False)
 
 
-def _wire_image_to_image(engine: EngineClient, config: StudioOptions, store: OutputStore, example_model: str) -> None:
+def _wire_image_to_image(engine: EngineClient, config: StudioOptions, accept, example_model: str) -> None:
     """`/image_to_image`: a picture (and an optional mask) redrawn after a prompt; streams
     (status, preview, image) as /generate does."""
     defaults = engine.infos[example_model].defaults
@@ -144,7 +160,7 @@ def _wire_image_to_image(engine: EngineClient, config: StudioOptions, store: Out
             max_side = engine.limits_for(form.model_name(engine)).max_size
             init_image, mask_image = await asyncio.to_thread(_uploaded_pictures, image, mask, max_side)
         form = replace(form, init_image=init_image, strength=strength, mask_image=mask_image)
-        async for outputs in _streamed(engine, config, store, form, session, "image", (status, preview, result)):
+        async for outputs in _streamed(engine, config, accept, form, session, "image", (status, preview, result)):
             yield outputs
 
     trigger.click(image_to_image, inputs=[image, prompt, strength, mask, negative, steps, guidance, seed, model, loras],
@@ -174,12 +190,14 @@ def _file_path(value, name: str) -> Path | None:
     return Path(value["path"])
 
 
-async def _streamed(engine: EngineClient, config: StudioOptions, store: OutputStore, form: FormValues, session: str,
+async def _streamed(engine: EngineClient, config: StudioOptions, accept, form: FormValues, session: str,
                     kind: str, components: tuple) -> AsyncIterator[dict]:
     """One request's outputs as /generate streams them: (status, preview or None, media or None),
     a preview once when a new one came, the image or video once when it is done."""
     status, preview, media = components
-    updates = follow_request(engine, form, session, config.preview_every, makes=kind)
+    accepted = []
+    updates = follow_request(engine, form, session, config.preview_every, makes=kind,
+                             accept=lambda handle: accepted.append(accept(handle)))
     shown_preview = None
     async with contextlib.aclosing(updates):
         async for now in updates:
@@ -190,7 +208,8 @@ async def _streamed(engine: EngineClient, config: StudioOptions, store: OutputSt
             elif now.result is not None:
                 fps = model_fps(engine.infos[now.result.params.model])
                 outputs[media] = await asyncio.to_thread(final_media, now.result, fps)
-                await save_quietly(store, now.result, store.owners.of_caller(session))
+                with contextlib.suppress(Exception):  # a failed save is logged; the caller has its result
+                    await asyncio.wrap_future(accepted[0])  # saved before it is shown as done
             yield outputs
             if now.state == FAILED:
                 raise user_error(now.message, "Generation failed")
@@ -205,10 +224,10 @@ def _status_dict(status: Status) -> dict:
 
 
 async def follow_request(engine: EngineClient, form: FormValues, session_id: str, preview_every: int,
-                         makes: str | None = None) -> AsyncIterator[Status]:
+                         makes: str | None = None, accept=None) -> AsyncIterator[Status]:
     """Submit one request and yield its status as submitted, then after each engine event until
     it ends. `makes`: "image" or "video", when the caller can only take that kind (the model
-    must make it).
+    must make it). `accept(handle)`: called once the engine took it (to record it as accepted).
 
     Gradio stops a handler by cancelling its task or closing its generator (a client's
     `job.cancel()`, a closed tab, an error); the tracker then cancels the request. The Cancel
@@ -219,7 +238,10 @@ async def follow_request(engine: EngineClient, form: FormValues, session_id: str
         if makes is not None and kind != makes:
             other = "/generate_video" if kind == "video" else "/generate"
             raise ValueError(f"model={params.model!r} makes {kind}s, not {makes}s: use {other} for it.")
-        tracker = RequestTracker(engine.submit(params, session_id=session_id))
+        handle = engine.submit(params, session_id=session_id)
+        if accept is not None:
+            accept(handle)
+        tracker = RequestTracker(handle)
     async with contextlib.aclosing(tracker.updates()) as updates:  # closing it early cancels the request
         async for status, _ in updates:
             yield status

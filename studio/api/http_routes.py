@@ -42,7 +42,7 @@ from studio.api.image_files import ImageFileStore
 from studio.api.image_requests import ImageGenerationRequest
 from studio.api.image_results import checked_n, images_response
 from studio.api.request_bodies import check_json_body, parse_size, read_body_in_time, resolve_model
-from studio.api.video_routes import add_video_routes
+from studio.api.video_routes import VideoJobs, add_video_routes, video_jobs_for
 from studio.server.throttle import FailedAttempts
 
 if TYPE_CHECKING:
@@ -53,11 +53,12 @@ __all__ = ["HttpApiConfig", "ImageGenerationRequest", "build_router"]
 
 def build_router(
     engine_: engine.EngineClient, config: HttpApiConfig | None = None, attempts: FailedAttempts | None = None,
-    outputs: "OutputStore | None" = None,
+    outputs: "OutputStore | None" = None, video_jobs: VideoJobs | None = None,
 ) -> fastapi.APIRouter:
     """The API's routes, bound to one running engine. `attempts` counts wrong keys per host
     (share one with the login page's guard, so both doors count the same guesses); `outputs`
-    saves finished videos (None: they are only kept for download)."""
+    saves finished videos (None: they are only kept for download); `video_jobs`: where video jobs
+    are kept (video_routes.video_jobs_for; None: in memory). The router's `video_jobs` is it."""
     config = config or HttpApiConfig()
     attempts = attempts or FailedAttempts(delay_s=config.failed_key_delay_s, max_failures=config.max_failed_keys)
     images = ImageFileStore(
@@ -150,7 +151,9 @@ def build_router(
         return Response(engine_.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     add_edit_routes(router, engine_, config, caller, images)
-    add_video_routes(router, engine_, config, caller, outputs)
+    video_jobs = video_jobs or video_jobs_for(config, outputs, None)
+    router.video_jobs = video_jobs  # the restart's recovery resumes its unfinished jobs
+    add_video_routes(router, engine_, config, caller, video_jobs)
     known = list(router.routes)
 
     @router.api_route("/v1/{path:path}", methods=_ALL_METHODS, include_in_schema=False)

@@ -4,7 +4,8 @@
     thumbnail     the poster frame (the first frame), WEBP
     spritesheet   every frame in a grid, row by row, JPEG
 
-All three are made once, when the job finishes, and kept in memory with the job.
+All three are made once, when the job finishes, and kept as files in the job store's folder
+(`<outputs>/video-jobs/`, or a temp folder with --no-save) until the job goes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 import os
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 from PIL import Image
@@ -25,25 +27,59 @@ MEDIA_TYPES = {"video": "video/mp4", "thumbnail": "image/webp", "spritesheet": "
 SUFFIXES = {"video": "mp4", "thumbnail": "webp", "spritesheet": "jpg"}
 
 
+PARTIAL = ".partial"  # in a download's file name until its job's end is committed
+
+
 @dataclass(frozen=True)
 class VideoFiles:
-    mp4: bytes
-    thumbnail: bytes
-    spritesheet: bytes
+    """A finished job's downloads on disk (studio.api.video_jobs keeps the folder)."""
 
-    @property
-    def size_bytes(self) -> int:
-        return len(self.mp4) + len(self.thumbnail) + len(self.spritesheet)
+    paths: dict  # variant -> the file's path
+    size_bytes: int
 
     def variant(self, name: str) -> bytes:
-        return {"video": self.mp4, "thumbnail": self.thumbnail, "spritesheet": self.spritesheet}[name]
+        return Path(self.paths[name]).read_bytes()
+
+    def as_record(self) -> dict:
+        return {"paths": dict(self.paths), "size_bytes": self.size_bytes}
+
+    @classmethod
+    def from_record(cls, record: dict) -> "VideoFiles":
+        return cls(dict(record["paths"]), int(record["size_bytes"]))
+
+    def exist(self) -> bool:
+        return all(Path(path).is_file() for path in self.paths.values())
+
+    def commit(self) -> None:
+        """Give the files their final names (after the job's end is committed)."""
+        for path in self.paths.values():
+            partial_name(Path(path)).rename(path)
+
+    def remove(self) -> None:
+        for path in self.paths.values():
+            for each in (Path(path), partial_name(Path(path))):
+                each.unlink(missing_ok=True)
 
 
-def encode_video_files(frames: Sequence[Image.Image], fps: int) -> VideoFiles:
-    """The three downloads of one video (blocking: call it off the event loop)."""
+def partial_name(path: Path) -> Path:
+    return path.with_name(f"{path.stem}{PARTIAL}{path.suffix}")
+
+
+def encode_video_files(frames: Sequence[Image.Image], fps: int, folder: Path, job_id: str) -> VideoFiles:
+    """The three downloads of one video, written under their partial names in `folder` and synced
+    (blocking: call it off the event loop). `commit()` them once the job's end is recorded."""
     if not frames:
         raise ValueError("a video needs at least one frame.")
-    return VideoFiles(_mp4_bytes(frames, fps), _image_bytes(frames[0], "WEBP"), _image_bytes(spritesheet(frames), "JPEG"))
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {variant: str(folder / f"{job_id}.{SUFFIXES[variant]}") for variant in VARIANTS}
+    contents = {"video": _mp4_bytes(frames, fps), "thumbnail": _image_bytes(frames[0], "WEBP"),
+                "spritesheet": _image_bytes(spritesheet(frames), "JPEG")}
+    for variant, content in contents.items():
+        with open(partial_name(Path(paths[variant])), "wb") as file:
+            file.write(content)
+            file.flush()
+            os.fsync(file.fileno())
+    return VideoFiles(paths, sum(map(len, contents.values())))
 
 
 def spritesheet(frames: Sequence[Image.Image]) -> Image.Image:
@@ -58,7 +94,7 @@ def spritesheet(frames: Sequence[Image.Image]) -> Image.Image:
 
 
 def _mp4_bytes(frames: Sequence[Image.Image], fps: int) -> bytes:
-    # ffmpeg writes to a path; the bytes then live with the job and the file goes at once.
+    # ffmpeg writes to a path; its bytes are then written with the other downloads.
     handle, path = tempfile.mkstemp(prefix="stepstudio-video-", suffix=".mp4")
     os.close(handle)
     try:

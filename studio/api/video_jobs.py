@@ -1,4 +1,5 @@
-"""Video jobs of the HTTP API (`/v1/videos`): in memory, per caller, bounded, expiring.
+"""Video jobs of the HTTP API (`/v1/videos`): per caller, bounded, expiring, and kept in the
+studio's durable store (studio.store), so a job outlives a restart.
 
 A job is one engine request plus what its caller may download once it finished. Its status
 and progress are the request's tracker status now (studio.tracker `status_of`, from the events
@@ -13,6 +14,10 @@ The store is bounded three ways, so no caller can crowd the others out:
   per-session limits bound those);
 - in time: a finished job (completed or failed) is dropped `ttl_s` after it finished.
 Jobs are looked up by id AND owner: another caller's job is as unknown as a missing one.
+
+Every change to the jobs is written to the store's `video_jobs` table as it happens; at start
+`VideoJobStore.load()` reads them back: finished jobs as they were (their files on disk), the
+others waiting for studio.store.recovery to run them again (`attach` gives them their new request).
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
-from engine import RequestHandle
+from engine import GenerationParams, RequestHandle
 from studio.api.video_files import VideoFiles
+from studio.store.store import StudioStore
 from studio.tracker import ABORTED, COMPLETED, FAILED, RUNNING, RequestTracker, status_of
 
 JobStatus = Literal["queued", "in_progress", "completed", "failed"]
@@ -45,21 +51,29 @@ class VideoJob:
     # --- fixed at creation ---
     id: str
     owner: str  # the engine session of the caller
-    handle: RequestHandle
+    handle: RequestHandle | None  # None: not running in this process yet (from before a restart)
     fps: int
     created_at: float  # unix seconds
-    tracker: RequestTracker = field(init=False, repr=False)  # follows the request; its cancel is the job's
+    params: GenerationParams | None = None  # complete (the seed filled in); the handle's when not given
+    restarts: int = 0  # how often it was run again after a restart
+    tracker: RequestTracker | None = field(init=False, repr=False)  # follows the request; its cancel is the job's
     # --- written once, by the store's finish(), when the job ends ---
     files: VideoFiles | None = None
     error: VideoError | None = None
     finished_at: float | None = None
 
     def __post_init__(self) -> None:
-        self.tracker = RequestTracker(self.handle)
+        if self.params is None:
+            self.params = self.handle.params
+        self.tracker = None if self.handle is None else RequestTracker(self.handle)
 
-    @property
-    def params(self):
-        return self.handle.params
+    def attach(self, handle: RequestHandle, restarts: int) -> None:
+        """Follow the request that runs this job again after a restart."""
+        self.handle, self.restarts, self.tracker = handle, restarts, RequestTracker(handle)
+
+    def cancel(self) -> None:
+        if self.tracker is not None:
+            self.tracker.cancel()
 
     @property
     def is_finished(self) -> bool:
@@ -71,6 +85,8 @@ class VideoJob:
             return "completed"
         if self.failure is not None:
             return "failed"
+        if self.handle is None:
+            return "queued"  # waiting to run again after a restart
         # Completed but not encoded yet is still in progress: nothing can be downloaded before.
         if status_of(self.handle).state in (RUNNING, COMPLETED):
             return "in_progress"
@@ -82,6 +98,8 @@ class VideoJob:
         follower has written it down)."""
         if self.error is not None:
             return self.error
+        if self.handle is None or self.is_finished:
+            return None
         now = status_of(self.handle)
         if now.state == FAILED:
             return VideoError("engine_failed" if now.is_engine_failure else "generation_failed", now.message)
@@ -94,6 +112,8 @@ class VideoJob:
         """0-100 from the engine's denoise steps; 100 only once the video can be downloaded."""
         if self.files is not None:
             return 100
+        if self.handle is None:
+            return 0
         now = status_of(self.handle)
         return min(99, 100 * now.step // now.total) if now.total else 0
 
@@ -106,7 +126,9 @@ class VideoJobStore:
         ttl_s: float = 3600.0,
         max_jobs_per_owner: int = 16,
         clock: Callable[[], float] = time.time,
+        store: StudioStore | None = None,
     ) -> None:
+        """`store`: where the jobs are kept (None: a store in memory, for this process only)."""
         for name, value in (("max_jobs", max_jobs), ("max_bytes", max_bytes), ("max_jobs_per_owner", max_jobs_per_owner)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
@@ -117,7 +139,8 @@ class VideoJobStore:
         self.ttl_s = ttl_s
         self.max_jobs_per_owner = max_jobs_per_owner
         self._clock = clock
-        self._lock = threading.Lock()
+        self.store = store if store is not None else StudioStore.open(None)
+        self._lock = threading.RLock()
         self._jobs: OrderedDict[str, VideoJob] = OrderedDict()  # oldest first
         self._bytes = 0
 
@@ -131,7 +154,34 @@ class VideoJobStore:
     def add(self, job: VideoJob) -> None:
         with self._lock:
             self._make_room(job.owner)
+            self.store.add_video_job(job.id, job.owner, job.params, job.fps, job.created_at)
             self._jobs[job.id] = job
+
+    def load(self) -> list[VideoJob]:
+        """The jobs the store holds (from before a restart) into this store; returns the unfinished
+        ones, which wait for their request (`VideoJob.attach`). A finished job whose files are gone is
+        dropped."""
+        waiting = []
+        with self._lock:
+            for row in self.store.video_jobs():
+                job = VideoJob(id=row.id, owner=row.owner, handle=None, fps=row.fps, created_at=row.created_at,
+                               params=row.params, finished_at=row.finished_at,
+                               files=None if row.files is None else VideoFiles.from_record(row.files),
+                               error=None if row.error is None else VideoError(*row.error))
+                if job.files is not None and not job.files.exist():
+                    self.store.remove_video_job(job.id)
+                    continue
+                self._jobs[job.id] = job
+                self._bytes += job.files.size_bytes if job.files is not None else 0
+                if not job.is_finished:
+                    waiting.append(job)
+            self._drop_expired()
+        return waiting
+
+    def by_id(self, job_id: str) -> VideoJob | None:
+        """A job whoever owns it (for the server's own follower)."""
+        with self._lock:
+            return self._jobs.get(job_id)
 
     def _make_room(self, owner: str) -> None:
         self._drop_expired()
@@ -184,19 +234,30 @@ class VideoJobStore:
             return self._bytes
 
     # ------------------------------------------------------------------ finishing
-    def finish(self, job: VideoJob, files: VideoFiles | None = None, error: VideoError | None = None) -> bool:
+    def finish(self, job: VideoJob, files: VideoFiles | None = None, error: VideoError | None = None,
+               in_same_commit: Callable[[], None] | None = None) -> bool:
         """Record how a job ended (its files, or why it failed); False when it is no longer
-        stored (deleted meanwhile). Files that alone pass the byte limit fail the job instead."""
+        stored (deleted meanwhile). Files that alone pass the byte limit fail the job instead (and
+        are removed). `in_same_commit`: more store writes that land with the job's end."""
         with self._lock:
             if self._jobs.get(job.id) is not job:
                 return False
             if files is not None and files.size_bytes > self.max_bytes:
+                files.remove()
                 files, error = None, VideoError(
                     "video_too_large",
                     f"the finished video takes {files.size_bytes} bytes, above this server's store of "
                     f"{self.max_bytes} bytes: ask for fewer frames or a smaller size.",
                 )
-            job.files, job.error, job.finished_at = files, error, self._clock()
+            finished_at = self._clock()
+            with self.store.transaction():
+                self.store.finish_video_job(job.id, finished_at, None if files is None else files.as_record(),
+                                            None if error is None else (error.code, error.message))
+                if in_same_commit is not None:
+                    in_same_commit()
+            if files is not None:
+                files.commit()
+            job.files, job.error, job.finished_at = files, error, finished_at
             if files is not None:
                 self._bytes += files.size_bytes
                 while self._bytes > self.max_bytes and self._drop_oldest_finished_of_largest_owner(keep=job):
@@ -225,5 +286,7 @@ class VideoJobStore:
 
     def _drop(self, job: VideoJob) -> None:
         del self._jobs[job.id]
+        self.store.remove_video_job(job.id)
         if job.files is not None:
             self._bytes -= job.files.size_bytes
+            job.files.remove()

@@ -20,18 +20,22 @@ was made: `seconds` is frames / fps, plus `num_frames` and `fps`.
 A job is one engine request of the caller's session (the images route's identity), so it
 shares forwards with everyone else's requests and counts against the caller's limits; a
 studio.tracker `RequestTracker` follows it to its end. Jobs and their files live in memory
-(studio.api.video_jobs); finished videos are also saved by the studio's output store when it
-has one.
+(studio.api.video_jobs), which keeps them in the studio's durable store: a job accepted before a
+restart answers with its true state after it, and one that had not finished runs again
+(studio.store.recovery). Finished videos are also saved by the studio's output store when it saves.
 """
 
 from __future__ import annotations
 
-import asyncio
+import atexit
 import logging
 import math
 import re
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Awaitable, Callable, Literal
 
 import fastapi
@@ -48,8 +52,9 @@ from studio.api.request_bodies import body_kind, parse_size, read_body_in_time, 
 from studio.api.video_files import MEDIA_TYPES, SUFFIXES, VARIANTS, encode_video_files
 from studio.api.video_jobs import VideoError, VideoJob, VideoJobStore, VideoStoreFull
 from studio.media import model_fps
-from studio.outputs import OutputStore, save_quietly
-from studio.tracker import ABORTED, COMPLETED
+from studio.outputs import OutputStore
+from studio.store.durable import DurableRequests
+from studio.store.store import AcceptedRequest, StudioStore
 
 log = logging.getLogger(__name__)
 
@@ -80,17 +85,81 @@ class VideoCreateRequest(pydantic.BaseModel):
 Caller = Callable[[Request], Awaitable[str]]
 
 
-def add_video_routes(
-    router: fastapi.APIRouter, engine_: engine.EngineClient, config: HttpApiConfig, caller: Caller,
-    outputs: OutputStore | None = None,
-) -> None:
-    """Add the /v1/videos routes to the HTTP API's router. `caller` names the engine session of a
-    request (checking its key); `outputs` saves finished videos (None: not saved)."""
+@dataclass
+class VideoJobs:
+    """The video jobs and how they end: what the routes and the restart's recovery share."""
+
+    store: VideoJobStore
+    durable: DurableRequests
+    outputs: OutputStore | None
+    files_folder: Path  # where finished jobs' downloads are kept
+
+    def accept(self, job: VideoJob, restarts: int = 0) -> None:
+        """Record a job's request (`job.handle`, just submitted) as accepted, and follow it to its end."""
+        owner = self.outputs.owners.of_caller(job.owner) if self.outputs is not None and self.outputs.enabled else ""
+        entry = self.durable.store.accept("video_job", job.owner, owner, job.params, video_id=job.id)
+        self.follow(job, entry)
+
+    def fail(self, job: VideoJob, code: str, message: str, in_same_commit: Callable[[], None] | None = None) -> None:
+        self.store.finish(job, error=VideoError(code, message), in_same_commit=in_same_commit)
+
+    def follow(self, job: VideoJob, entry: AcceptedRequest) -> None:
+        self.durable.follow(job.handle, entry, self._finish)
+
+    def _finish(self, entry: AcceptedRequest, event: engine.Event) -> None:
+        """On the durable finisher's thread: the job's files (or why it failed), its history row
+        and its entry's end, in one commit."""
+        job = self.store.by_id(entry.video_id)
+        if job is None or job.is_finished:
+            self.durable.store.finished(entry)  # deleted by its caller meanwhile: nothing to keep
+            return
+        if not isinstance(event, engine.Completed):  # failed, or cancelled (by an operator)
+            error = job.failure or VideoError("cancelled", getattr(event, "reason", "cancelled"))
+            self.store.finish(job, error=error, in_same_commit=lambda: self.durable.store.finished(entry))
+            return
+        try:
+            files = encode_video_files(event.images, job.fps, self.files_folder, job.id)
+        except Exception as exc:  # noqa: BLE001 - an encoding failure ends this job, never the server
+            log.exception("video job %s could not be encoded", job.id)
+            error = VideoError("encoding_failed", f"the video could not be encoded: {exc}")
+            self.store.finish(job, error=error, in_same_commit=lambda: self.durable.store.finished(entry))
+            return
+
+        def end_job() -> None:
+            self.store.finish(job, files=files, in_same_commit=lambda: self.durable.store.finished(entry))
+
+        # Saved before it shows as completed; filed under the caller's session, as the gradio
+        # endpoints file API callers' results.
+        if self.outputs is not None and self.outputs.enabled and entry.owner:
+            self.outputs.save(event, entry.owner, in_same_commit=end_job)
+        else:
+            end_job()
+
+
+def video_jobs_for(config: HttpApiConfig, outputs: OutputStore | None, durable: DurableRequests | None) -> VideoJobs:
+    """The jobs kept in `durable`'s store (a store in memory when None), their files under the outputs
+    folder (a temp folder when saving is off)."""
+    if durable is None:
+        durable = DurableRequests(outputs.index if outputs is not None else StudioStore.open(None))
+    if outputs is not None and outputs.enabled:
+        folder = outputs.folder / "video-jobs"
+    else:
+        folder = Path(tempfile.mkdtemp(prefix="stepstudio-video-jobs-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
     store = VideoJobStore(
         max_jobs=config.video_store_max_jobs, max_bytes=config.video_store_max_bytes, ttl_s=config.video_ttl_s,
-        max_jobs_per_owner=config.video_jobs_per_caller,
+        max_jobs_per_owner=config.video_jobs_per_caller, store=durable.store,
     )
-    followers: set[asyncio.Task] = set()  # strong references: a task nobody holds may be collected
+    return VideoJobs(store, durable, outputs, folder)
+
+
+def add_video_routes(
+    router: fastapi.APIRouter, engine_: engine.EngineClient, config: HttpApiConfig, caller: Caller,
+    jobs: VideoJobs,
+) -> None:
+    """Add the /v1/videos routes to the HTTP API's router. `caller` names the engine session of a
+    request (checking its key); `jobs`: where the jobs are kept (video_jobs_for)."""
+    store = jobs.store
     poll_after = {"openai-poll-after-ms": str(config.video_poll_after_ms)}
     body_schema = {"content": {"multipart/form-data": {"schema": VideoCreateRequest.model_json_schema()},
                                "application/json": {"schema": VideoCreateRequest.model_json_schema()}}}
@@ -104,9 +173,7 @@ def add_video_routes(
             job = await _create_job(engine_, config, store, request, kind, session)
         except ApiError as error:
             return error.to_response()
-        task = asyncio.get_running_loop().create_task(_follow(store, job, outputs))
-        followers.add(task)
-        task.add_done_callback(followers.discard)
+        jobs.accept(job)  # no await since the job was added: it can't have ended unfollowed
         return JSONResponse(_video_json(job, store), headers=poll_after)
 
     @router.get("/v1/videos", name="stepstudio_videos_list")
@@ -152,7 +219,7 @@ def add_video_routes(
                 raise _unknown_video(video_id, store)
         except ApiError as error:
             return error.to_response()
-        job.tracker.cancel()  # at the next step boundary; a no-op once the request ended
+        job.cancel()  # at the next step boundary; a no-op once the request ended
         return JSONResponse({"id": job.id, "object": "video.deleted", "deleted": True})
 
 
@@ -273,29 +340,6 @@ def _seconds_text(frames: int, fps: int) -> str:
     return f"{frames / fps:.3f}".rstrip("0").rstrip(".")
 
 
-# ---------------------------------------------------------------------- following a job
-async def _follow(store: VideoJobStore, job: VideoJob, outputs: OutputStore | None) -> None:
-    """Wait for the job's request to end; make its files (or note why it failed) and save it."""
-    try:
-        final = await job.tracker.final()
-        if final.state == COMPLETED:
-            files = await asyncio.to_thread(encode_video_files, final.result.images, job.fps)
-            if store.get(job.id, job.owner) is job:  # not deleted meanwhile
-                # Saved before it shows as completed; filed under the caller's session, as the
-                # gradio endpoints file API callers' results.
-                await save_quietly(outputs, final.result, outputs.owners.of_caller(job.owner) if outputs else "")
-            store.finish(job, files=files)
-        elif final.state == ABORTED and not final.is_shutdown:
-            pass  # deleted by its caller: the job is gone already
-        else:
-            store.finish(job, error=job.failure)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - an encoding failure ends this job, never the server
-        log.exception("video job %s could not be finished", job.id)
-        store.finish(job, error=VideoError("encoding_failed", f"the video could not be encoded: {exc}"))
-
-
 # ---------------------------------------------------------------------- reading jobs
 def _video_json(job: VideoJob, store: VideoJobStore) -> dict:
     params = job.params
@@ -322,6 +366,7 @@ def _video_json(job: VideoJob, store: VideoJobStore) -> dict:
         "num_inference_steps": params.num_inference_steps,
         "guidance_scale": params.guidance_scale,
         "negative_prompt": params.negative_prompt,
+        "resumed_after_restart": job.restarts > 0,  # run again from step 0 after the studio restarted
     }
 
 

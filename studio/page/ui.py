@@ -27,6 +27,8 @@ from studio.api.gradio_endpoints import wire_api_endpoints
 from studio.config import StudioOptions
 from studio.media import model_fps, write_mp4
 from studio.outputs import OutputStore
+from studio.store.durable import DurableRequests
+from studio.store.store import StudioStore
 from studio.page.graph_view import GRAPH_CSS, render_graph
 from studio.page.history_tab import build_history_tab, wire_history_tab
 from studio.page.queue_view import QUEUE_CSS, render_queue
@@ -176,15 +178,19 @@ def _wire_live_views(views: LiveViews) -> None:
                      api_visibility="private", show_progress="hidden")
 
 
-def output_store(engine: EngineClient, config: StudioOptions) -> OutputStore:
+def output_store(engine: EngineClient, config: StudioOptions, index: StudioStore | None = None) -> OutputStore:
+    """The outputs folder's store; `index`: the studio's durable store (opened on the folder when None)."""
     folder = Path(config.outputs).expanduser() if config.outputs else None
     return OutputStore(folder, model=engine.info.name, fps=model_fps(engine.info), write_video=write_mp4,
-                       fps_by_model={name: model_fps(info) for name, info in engine.infos.items()})
+                       fps_by_model={name: model_fps(info) for name, info in engine.infos.items()}, index=index)
 
 
-def build_ui(engine: EngineClient, config: StudioOptions) -> gr.Blocks:
-    """The whole page; every browser tab is its own session, all share `engine`."""
-    store = output_store(engine, config)
+def build_ui(engine: EngineClient, config: StudioOptions, store: OutputStore | None = None,
+             durable: DurableRequests | None = None) -> gr.Blocks:
+    """The whole page; every browser tab is its own session, all share `engine`. `store` and
+    `durable`: the app's (made here when None)."""
+    store = store or output_store(engine, config)
+    durable = durable or DurableRequests(store.index)
     runner = WorkflowRunner(engine, config, RunRegistry(), store)
     results = TabResults()
     with gr.Blocks(title=f"stepstudio · {' + '.join(engine.models.names)}") as demo:
@@ -203,7 +209,7 @@ def build_ui(engine: EngineClient, config: StudioOptions) -> gr.Blocks:
         wire_simple_tab(runner, results, form, panel, browser_token, views)
         wire_history_tab(engine, store, history, history_page, browser_token, form, workflow_tab.editor, tabs, demo)
         _wire_live_views(views)
-        wire_api_endpoints(engine, config, store)
+        wire_api_endpoints(engine, config, store, durable)
         wire_workflow_api(runner)
 
         def forget_tab(request: gr.Request) -> None:

@@ -32,7 +32,12 @@ import uvicorn
 from engine import EngineClient
 from studio.api.http_routes import HttpApiConfig, build_router
 from studio.config import StudioOptions
+from studio.api.video_routes import video_jobs_for
+from studio.outputs import OutputStore
 from studio.page.ui import STUDIO_CSS, build_ui, output_store
+from studio.store.durable import DurableRequests
+from studio.store.recovery import resume_accepted
+from studio.store.store import StudioStore
 from studio.server import server_compat
 from studio.server.guards import StudioGuards, input_counts
 from studio.server.temp_files import TempFileSweeper
@@ -53,10 +58,11 @@ def for_engine(config: StudioOptions, engine: EngineClient) -> StudioOptions:
     return dataclasses.replace(config, max_size=engine.limits.max_size)
 
 
-def build_demo(engine: EngineClient, config: StudioOptions) -> gr.Blocks:
+def build_demo(engine: EngineClient, config: StudioOptions, outputs: OutputStore | None = None,
+               durable: DurableRequests | None = None) -> gr.Blocks:
     """The Blocks with its queue set so Gradio never serialises sessions (the engine batches)."""
     config = for_engine(config, engine)
-    demo = build_ui(engine, config)
+    demo = build_ui(engine, config, outputs, durable)
     server_compat.cap_events_at_once(demo, MAX_GRADIO_THREADS)  # must precede queue() when mounting
     demo.queue(default_concurrency_limit=None)
     return demo
@@ -71,15 +77,22 @@ def http_api_config(config: StudioOptions) -> HttpApiConfig:
     return HttpApiConfig(api_keys=config.http_api_keys, body_timeout_s=body_timeout_s)
 
 
-def build_app(engine: EngineClient, config: StudioOptions) -> fastapi.FastAPI:
+def build_app(engine: EngineClient, config: StudioOptions, store: StudioStore | None = None) -> fastapi.FastAPI:
+    """`store`: the studio's durable store (opened on --outputs when None; StoreError when it
+    can't be used). The work it holds from before a restart runs again (studio.store.recovery);
+    `app.state.resumed` says what was resumed."""
     config = for_engine(config, engine)
+    outputs = output_store(engine, config, store)
+    durable = DurableRequests(outputs.index)
     api_config = http_api_config(config)
     attempts = FailedAttempts(delay_s=api_config.failed_key_delay_s, max_failures=api_config.max_failed_keys)
     # The OpenAPI document is served by the router (behind the API keys when there are some).
     app = fastapi.FastAPI(title="stepstudio", docs_url=None, redoc_url=None, openapi_url=None)
     # Finished /v1/videos jobs are saved like the page's results.
-    app.include_router(build_router(engine, api_config, attempts, outputs=output_store(engine, config)))
-    demo = build_demo(engine, config)
+    router = build_router(engine, api_config, attempts, outputs=outputs,
+                          video_jobs=video_jobs_for(api_config, outputs, durable))
+    app.include_router(router)
+    demo = build_demo(engine, config, outputs, durable)
     app.state.demo = demo
     app.state.engine = engine
     app.state.options = config
@@ -100,6 +113,8 @@ def build_app(engine: EngineClient, config: StudioOptions) -> fastapi.FastAPI:
     app.state.attempts = attempts
     app.state.gradio_app = server_compat.mounted_gradio_app(app)
     server_compat.check_installed(demo, app.state.gradio_app)  # a Gradio internal gone: an error naming it, now
+    app.state.store = outputs.index
+    app.state.resumed = resume_accepted(engine, durable, outputs, router.video_jobs, config.resume_max_age_s)
     return app
 
 

@@ -1,0 +1,192 @@
+"""The studio's durable state, over one SQLite database (studio.store.database): the requests it
+accepted and has not finished, the video jobs of the HTTP API, and each caller's history index.
+
+    store = StudioStore.open(Path("outputs"))          # <outputs>/studio.db; StudioStore.open(None): in memory
+    entry = store.accept("image", session, owner, params)          # once the engine has taken it
+    store.finished(entry)                                             # it ended without a result
+    with store.transaction():                                         # it ended with one: in one commit,
+        store.add_history(item); store.finished(entry)                # its index row in, its entry out
+    store.pending()                                                   # at start: what to resume, in order
+
+The rule that makes a result exactly-once: a request's entry leaves `accepted` in the same
+transaction that files its result (studio.outputs writes the files first, under names that say
+they are unfinished, and renames them after the commit). A crash before the commit leaves the entry,
+so the request runs again; after it, the index holds the result, and the next start finishes the
+renames (`OutputStore.finish_partial_files`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from engine import GenerationParams
+from studio.store.database import DATABASE_FILE, open_database, release_lock
+from studio.store.records import params_from_record, params_record
+
+
+@dataclass(frozen=True)
+class AcceptedRequest:
+    """A request the studio accepted and has not finished (a row of `accepted`)."""
+
+    id: int  # its place in the order of acceptance
+    kind: str  # "image" | "video_job"
+    session: str
+    owner: str
+    params: GenerationParams
+    video_id: str | None
+    accepted_at: float
+    restarts: int
+
+
+@dataclass(frozen=True)
+class VideoJobRow:
+    id: str
+    owner: str
+    params: GenerationParams
+    fps: int
+    created_at: float
+    finished_at: float | None
+    error: tuple[str, str] | None  # (code, message)
+    files: dict | None  # {"paths": {variant: path}, "size_bytes": n}
+
+
+class StudioStore:
+    def __init__(self, connection: sqlite3.Connection, path: Path | None) -> None:
+        self.path = path  # None: in memory (--no-save)
+        self._db = connection
+        self._lock = threading.RLock()  # one connection, used from the event loop and worker threads
+        self._depth = 0
+
+    @classmethod
+    def open(cls, folder: Path | None) -> "StudioStore":
+        """The store of an outputs folder (StoreError when its database can't be used); None: in memory."""
+        if folder is None:
+            return cls(open_database(None), None)
+        folder = Path(folder)
+        path = folder / DATABASE_FILE
+        return cls(open_database(path, history_folder=folder / "history"), path)
+
+    @property
+    def is_durable(self) -> bool:
+        return self.path is not None
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+            if self.path is not None:
+                release_lock(self.path)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One commit for everything inside (nested ones join the outer one)."""
+        with self._lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                return
+            self._db.execute("BEGIN IMMEDIATE")
+            self._depth = 1
+            try:
+                yield
+            except BaseException:
+                self._depth = 0
+                self._db.execute("ROLLBACK")
+                raise
+            self._depth = 0
+            self._db.execute("COMMIT")
+
+    def _execute(self, sql: str, values: tuple = ()) -> sqlite3.Cursor:
+        with self.transaction():
+            return self._db.execute(sql, values)
+
+    def _rows(self, sql: str, values: tuple = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, values).fetchall()
+
+    # ------------------------------------------------------------------ accepted requests
+    def accept(self, kind: str, session: str, owner: str, params: GenerationParams,
+               video_id: str | None = None) -> AcceptedRequest:
+        """Record a request the engine has taken (its params complete: the seed filled in)."""
+        text, init_png, mask_png = params_record(params)
+        now = time.time()
+        cursor = self._execute(
+            "INSERT INTO accepted (kind, session, owner, params, init_image, mask_image, video_id, accepted_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (kind, session, owner, text, init_png, mask_png, video_id, now))
+        return AcceptedRequest(cursor.lastrowid, kind, session, owner, params, video_id, now, 0)
+
+    def finished(self, entry: AcceptedRequest) -> None:
+        """The request ended (with its result filed in the same transaction, or without one)."""
+        self._execute("DELETE FROM accepted WHERE id = ?", (entry.id,))
+
+    def resumed(self, entry: AcceptedRequest) -> AcceptedRequest:
+        """Count one more restart for a request run again."""
+        self._execute("UPDATE accepted SET restarts = restarts + 1 WHERE id = ?", (entry.id,))
+        return AcceptedRequest(entry.id, entry.kind, entry.session, entry.owner, entry.params, entry.video_id,
+                               entry.accepted_at, entry.restarts + 1)
+
+    def pending(self) -> list[AcceptedRequest]:
+        """Every accepted request not finished, in the order they were accepted."""
+        rows = self._rows("SELECT id, kind, session, owner, params, init_image, mask_image, video_id, accepted_at,"
+                          " restarts FROM accepted ORDER BY id")
+        return [AcceptedRequest(row[0], row[1], row[2], row[3], params_from_record(row[4], row[5], row[6]),
+                                row[7], row[8], row[9]) for row in rows]
+
+    # ------------------------------------------------------------------ video jobs
+    def add_video_job(self, job_id: str, owner: str, params: GenerationParams, fps: int, created_at: float) -> None:
+        self._execute("INSERT INTO video_jobs (id, owner, params, fps, created_at) VALUES (?, ?, ?, ?, ?)",
+                      (job_id, owner, params_record(params)[0], fps, created_at))
+
+    def finish_video_job(self, job_id: str, finished_at: float, files: dict | None,
+                         error: tuple[str, str] | None) -> None:
+        self._execute("UPDATE video_jobs SET finished_at = ?, files = ?, error_code = ?, error_message = ? WHERE id = ?",
+                      (finished_at, None if files is None else json.dumps(files),
+                       None if error is None else error[0], None if error is None else error[1], job_id))
+
+    def remove_video_job(self, job_id: str) -> None:
+        self._execute("DELETE FROM video_jobs WHERE id = ?", (job_id,))
+
+    def video_jobs(self) -> list[VideoJobRow]:
+        """Every video job, oldest first."""
+        rows = self._rows("SELECT id, owner, params, fps, created_at, finished_at, error_code, error_message, files"
+                          " FROM video_jobs ORDER BY created_at, rowid")
+        return [VideoJobRow(row[0], row[1], params_from_record(row[2], None, None), row[3], row[4], row[5],
+                            None if row[6] is None else (row[6], row[7] or ""),
+                            None if row[8] is None else json.loads(row[8])) for row in rows]
+
+    # ------------------------------------------------------------------ the history index
+    def add_history(self, item: dict) -> None:
+        """One saved result (studio.outputs.SavedOutput's fields)."""
+        self._execute(
+            "INSERT INTO history (owner, path, poster, kind, created, parameters, settings, has_workflow)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (item["owner"], item["path"], item["poster"], item["kind"], item["created"], item["parameters"],
+             json.dumps(item["settings"]), int(item["has_workflow"])))
+
+    def history(self, owner: str, limit: int) -> list[dict]:
+        """An owner's saved results, newest first."""
+        rows = self._rows("SELECT owner, path, poster, kind, created, parameters, settings, has_workflow FROM history"
+                          " WHERE owner = ? ORDER BY created DESC, id DESC LIMIT ?", (owner, limit))
+        return [{"owner": row[0], "path": row[1], "poster": row[2], "kind": row[3], "created": row[4],
+                 "parameters": row[5], "settings": json.loads(row[6]), "has_workflow": bool(row[7])} for row in rows]
+
+    def is_indexed(self, path: str) -> bool:
+        return bool(self._rows("SELECT 1 FROM history WHERE path = ? OR poster = ?", (path, path)))
+
+    def adopt(self, old_owner: str, new_owner: str) -> None:
+        """File every result of `old_owner` under `new_owner`."""
+        self._execute("UPDATE history SET owner = ? WHERE owner = ?", (new_owner, old_owner))
+
+    def counts(self) -> dict[str, int]:
+        """Rows per table (for logs and benchmarks)."""
+        return {table: self._rows(f"SELECT count(*) FROM {table}")[0][0]
+                for table in ("accepted", "video_jobs", "history")}
