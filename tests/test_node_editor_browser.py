@@ -132,9 +132,11 @@ def test_build_a_graph_with_the_mouse_run_it_and_cancel_one_branch(page, studio,
     shot(page, "editor-built")
 
     # The engine holds inside the branches' 9th forward while the page is looked at and the cancel
-    # goes out, so the branch is surely still running when its cancel arrives (no timing window).
-    gate = StepGate(len(pipeline.forward_log) + 8)
-    pipeline.on_forward = gate
+    # goes out, so the branch is surely still running when its cancel arrives (no timing window);
+    # then inside the 13th, while the page shows one branch aborted and none finished.
+    first = len(pipeline.forward_log)
+    gate, later = StepGate(first + 8), StepGate(first + 12)
+    pipeline.on_forward = lambda index, batch: [hold(index, batch) for hold in (gate, later)]
     try:
         page.click("[data-action='run']")
         page.wait_for_selector(f"#node-{sampler}[data-state='running'] .sse-branch")
@@ -148,16 +150,27 @@ def test_build_a_graph_with_the_mouse_run_it_and_cancel_one_branch(page, studio,
         shot(page, "editor-running")
         page.click(f"#node-{sampler} .sse-branch[data-index='2'] .sse-branch-cancel")
         wait_for(lambda: cancels, timeout_s=30, what="the branch's cancel to reach the engine")
+        gate.release()
+        later.wait()
+        page.wait_for_selector(f"#node-{sampler} .sse-branch[data-index='2'][data-state='aborted']")
+        # The run bar and the node's badge count finished branches, and say how many were aborted.
+        assert page.inner_text(".sse-run-text") == "RUNNING · 0/4 finished · 1 aborted"
+        badge = page.locator(f"#node-{sampler} .sse-badge")
+        assert (badge.inner_text(), badge.get_attribute("title")) == ("running 0/4", "0/4 finished · 1 aborted")
+        shot(page, "editor-one-aborted")
     finally:
         pipeline.on_forward = None
         gate.release()
-    page.wait_for_selector(f"#node-{sampler} .sse-branch[data-index='2'][data-state='aborted']")
+        later.release()
     page.wait_for_selector(".sse-root[data-run-state='partial']", timeout=30_000)
     states = [el.get_attribute("data-state") for el in page.query_selector_all(f"#node-{sampler} .sse-branch")]
     assert states == ["completed", "completed", "aborted", "completed"]
     assert page.locator(f"#node-{grid} img.sse-grid").count() == 1
     assert page.locator("#ss-workflow-results img").count() >= 4  # the grid and three images
-    assert page.get_attribute(f"#node-{sampler}", "data-state") == "cancelled"
+    # The run's words on its nodes too: "partial" (some finished, some aborted), never "cancelled".
+    assert page.get_attribute(f"#node-{sampler}", "data-state") == "partial"
+    assert page.inner_text(f"#node-{sampler} .sse-badge") == "partial 3/4"
+    assert page.inner_text(".sse-run-text") == "PARTIAL · 3/4 finished · 1 aborted"
     shot(page, "editor-finished")
     assert engine.snapshot().requests == ()
 

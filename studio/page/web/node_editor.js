@@ -693,9 +693,7 @@
       const state = this.mergeRun(update);
       this.runState = state;
       if (state.state === "invalid") { this.showProblems(state.problems || []); return; }
-      const text = `${state.state.toUpperCase()} · ${state.done}/${state.total} branches` +
-                   (state.message ? " · " + state.message : "");
-      this.runbar.querySelector(".sse-run-text").textContent = text;
+      this.runbar.querySelector(".sse-run-text").textContent = this.runText(state);
       const bar = this.runbar.querySelector(".sse-run-progress");
       bar.max = Math.max(1, state.total_steps || 1);
       bar.value = state.steps_done || 0;
@@ -708,9 +706,14 @@
         const el = this.nodeElement(nodeId);
         if (!el) continue;
         el.dataset.state = view.state;
-        el.querySelector(".sse-badge").textContent = view.total ? `${view.state} ${view.done}/${view.total}` : "";
         const live = el.querySelector(".sse-live");
         const branches = (view.branches || []).map((i) => byIndex[i]).filter(Boolean);
+        const ended = {};
+        for (const b of branches) ended[b.state] = (ended[b.state] || 0) + 1;
+        // "running 0/4": of finished branches (short: a node's header is narrow); the tooltip says all.
+        const badge = el.querySelector(".sse-badge");
+        badge.textContent = view.total ? `${view.state} ${ended.completed || 0}/${view.total}` : "";
+        badge.title = view.total ? this.countsText(ended, view.total) : "";
         const liveView = this.types[el.dataset.nodeType].live_view;  // what the node type says it shows
         if (liveView === "branch_bars") this.showBranchBars(live, branches);
         else if (liveView === "previews") this.showThumbs(live, branches, (b) => b.preview || b.image, "sse-preview");
@@ -787,6 +790,20 @@
         item.empty.style.display = src ? "none" : "";
         item.empty.textContent = b.state;
       }
+    }
+
+    runText(state) {
+      // "RUNNING · 0/4 finished · 1 aborted" (a run bar once read "1/4" with one branch aborted).
+      return `${state.state.toUpperCase()} · ${this.countsText(state.ended || {}, state.total)}` +
+             (state.message ? " · " + state.message : "");
+    }
+
+    countsText(ended, total) {
+      // Finished counts completed branches only; aborted and failed ones are named apart.
+      let text = `${ended.completed || 0}/${total} finished`;
+      if (ended.aborted) text += ` · ${ended.aborted} aborted`;
+      if (ended.failed) text += ` · ${ended.failed} failed`;
+      return text;
     }
 
     showProblems(problems) {
