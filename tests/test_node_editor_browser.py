@@ -209,6 +209,12 @@ def test_problems_are_shown_on_their_nodes_and_nothing_runs(page, studio):
     assert page.get_attribute(".sse-root", "data-run-state") == "invalid"
     assert len(pipeline.encoded) == encoded
     shot(page, "editor-problem")
+    # A new example clears the old graph's problems: no stale "Not run" or marked nodes.
+    page.select_option(".sse-examples", "example:guidance-steps-xy")
+    page.wait_for_function("() => document.querySelectorAll('.sse-canvas .drawflow-node').length == 7")
+    assert page.inner_text(".sse-run-text") == "Ready."
+    assert page.locator(".sse-problem").count() == 0 and page.locator("[data-state='invalid']").count() == 0
+    assert page.get_attribute(".sse-root", "data-run-state") is None
 
 
 def test_delete_undo_zoom_pan_save_and_upload(page, tmp_path):

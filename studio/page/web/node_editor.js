@@ -455,6 +455,7 @@
 
     load(workflow, message) {
       if (!workflow || !Array.isArray(workflow.nodes)) { this.say("That is not a workflow (it has no nodes list).", "error"); return false; }
+      this.clearStaleProblems();
       this.quiet++;
       try {
         this.df.clear();
@@ -824,6 +825,14 @@
       this.say((loose.length ? loose.join("; ") : summary) + more, "error");
       this.runbar.querySelector(".sse-run-text").textContent = "Not run: the workflow has problems.";
       this.root.dataset.runState = "invalid";
+    }
+
+    clearStaleProblems() {
+      // A new graph: the old one's problems and its "Not run" no longer apply (a run's state stays).
+      this.clearProblems();
+      if (this.root.dataset.runState !== "invalid") return;
+      delete this.root.dataset.runState;
+      this.runbar.querySelector(".sse-run-text").textContent = "Ready.";
     }
 
     clearProblems() {
