@@ -259,6 +259,29 @@ def test_delete_undo_zoom_pan_save_and_upload(page, tmp_path):
     assert len(nodes(page)) == 2 and links(page) == 1
 
 
+def test_a_link_that_would_make_a_cycle_is_refused_with_a_reason(page, tmp_path):
+    page.click("[data-action='clear']")
+    sampler = drag_from_palette(page, "sampler", 300, 120)
+    drag_link(page, sampler, 1, sampler, 1)  # its images onto its own prompt input
+    assert links(page) == 0
+    assert page.inner_text(".sse-message") == ("That link would make a cycle: a Sampler's output can't feed its "
+                                               "own input.")
+    assert page.get_attribute(".sse-message", "data-kind") == "error"
+    # A file with such a link: refused as a drawn one is, and named as the file names it.
+    looped = tmp_path / "looped.json"
+    looped.write_text(json.dumps({"version": 1, "nodes": [
+        {"id": "1", "type": "prompt", "values": {"text": "a loop"}, "position": [40, 40]},
+        {"id": "2", "type": "sampler", "values": {}, "position": [320, 40]}],
+        "links": [{"from": {"node": "1", "port": "prompt"}, "to": {"node": "2", "port": "prompt"}},
+                  {"from": {"node": "2", "port": "images"}, "to": {"node": "2", "port": "image"}}]}))
+    page.set_input_files(".sse-file", str(looped))
+    page.wait_for_function("() => document.querySelectorAll('.sse-canvas .drawflow-node').length == 2")
+    assert links(page) == 1  # the prompt's link only
+    assert page.inner_text(".sse-message") == ("Skipped links that would make a cycle: Sampler (node 2) -> "
+                                               "Sampler (node 2).")
+    shot(page, "editor-cycle-refused")
+
+
 def test_a_saved_png_opens_its_workflow(page, studio):
     outputs = studio[3]
     before = set(outputs.rglob("*.png"))

@@ -138,6 +138,9 @@
       df.start();
       this.df = df;
       df.on("connectionCreated", (c) => this.onConnection(c));
+      // drawflow drops a link from a node onto its own input without a word: note it, then say why.
+      this.canvas.addEventListener("mouseup", (event) => this.noteSelfLink(event), true);
+      df.on("connectionCancel", () => this.onConnectionCancel());
       df.on("connectionRemoved", () => this.changed());
       df.on("nodeRemoved", () => this.changed());
       df.on("nodeMoved", () => this.changed());
@@ -380,6 +383,22 @@
       this.changed();
     }
 
+    noteSelfLink(event) {
+      // Runs before drawflow's own mouseup (capture phase), while its dragged link is still known.
+      const port = event.target.closest && event.target.closest(".input");
+      const from = this.df.connection && this.df.ele_selected && this.df.ele_selected.closest(".drawflow-node");
+      this.selfLink = port && from && port.closest(".drawflow-node") === from ? port : null;
+    }
+
+    onConnectionCancel() {
+      const port = this.selfLink;
+      this.selfLink = null;
+      if (!port) return;
+      const node = port.closest(".drawflow-node");
+      this.say(`That link would make a cycle: a ${this.types[node.dataset.nodeType].title}'s output can't feed its own input.`, "error");
+      this.flashPort(node.id.slice(5), port.classList[1]);
+    }
+
     reaches(fromId, toId) {
       // Is toId downstream of fromId?
       const data = this.df.drawflow.drawflow.Home.data;
@@ -466,21 +485,33 @@
           const pos = node.position || [0, 0];
           ids[String(node.id)] = this.addNode(node.type, pos[0], pos[1], node.values || {});
         }
+        const cycles = [];
         for (const link of workflow.links || []) {
           const from = ids[String(link.from.node)], to = ids[String(link.to.node)];
           if (from === undefined || to === undefined) continue;
+          if (String(from) === String(to) || this.reaches(to, from)) {  // as a drawn link would be, refused
+            cycles.push(`${this.fileName(workflow, link.from.node)} -> ${this.fileName(workflow, link.to.node)}`);
+            continue;
+          }
           const out = this.types[this.nodeData(from).name].outputs.findIndex((p) => p.name === link.from.port);
           const inp = this.types[this.nodeData(to).name].inputs.findIndex((p) => p.name === link.to.port);
           if (out >= 0 && inp >= 0) this.df.addConnection(from, to, "output_" + (out + 1), "input_" + (inp + 1));
         }
         for (const id of Object.values(ids)) this.syncFields(id);
         if (unknown.length) this.say("Skipped unknown node types: " + unknown.join(", "), "error");
+        else if (cycles.length) this.say("Skipped links that would make a cycle: " + cycles.join("; ") + ".", "error");
         else if (message) this.say(message);
       } finally {
         this.quiet--;
       }
       this.changed();
       return true;
+    }
+
+    fileName(workflow, fileId) {
+      // A node of a loaded file as the user knows it: its title and its id in that file ("Sampler (node 2)").
+      const node = workflow.nodes.find((n) => String(n.id) === String(fileId));
+      return `${this.types[node.type].title} (node ${fileId})`;
     }
 
     syncFields(id) {
