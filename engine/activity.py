@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+STAGES = ("encode_s", "denoise_step_s", "decode_s")
+
 
 @dataclass
 class EngineActivity:
@@ -14,17 +16,20 @@ class EngineActivity:
     finished: Counter = field(default_factory=Counter)  # final status -> count
     completed_by_model: Counter = field(default_factory=Counter)  # model -> completed requests
     recent_steps: deque = field(default_factory=lambda: deque(maxlen=256))  # (time, rows)
-    stage_means: dict = field(default_factory=lambda: {"encode_s": None, "denoise_step_s": None, "decode_s": None})
+    stage_means: dict = field(default_factory=lambda: dict.fromkeys(STAGES))  # the whole engine's
+    stage_means_by_model: dict = field(default_factory=dict)  # model -> its own stage means (models differ)
 
     def record_forward(self, rows: int, now: float) -> None:
         self.forwards_by_batch_size[rows] += 1
         self.recent_steps.append((now, rows))
 
-    def record_stage(self, name: str, samples: list[float]) -> None:
+    def record_stage(self, name: str, samples: list[float], model: str | None = None) -> None:
+        """Fold samples of one stage into the engine's means and, when given, `model`'s own."""
         for sample in samples:
-            previous = self.stage_means[name]
-            # Exponential moving average: recent work matters most, noise is smoothed.
-            self.stage_means[name] = sample if previous is None else 0.8 * previous + 0.2 * sample
+            self.stage_means[name] = _moving_mean(self.stage_means[name], sample)
+            if model is not None:
+                means = self.stage_means_by_model.setdefault(model, dict.fromkeys(STAGES))
+                means[name] = _moving_mean(means[name], sample)
 
     def steps_per_s(self, now: float, window_s: float = 5.0) -> float:
         """Request-steps per second over the last few seconds."""
@@ -33,3 +38,8 @@ class EngineActivity:
             return 0.0
         span = max(now - recent[0][0], 1e-6)
         return sum(rows for _, rows in recent) / span
+
+
+def _moving_mean(previous: float | None, sample: float) -> float:
+    # Exponential moving average: recent work matters most, noise is smoothed.
+    return sample if previous is None else 0.8 * previous + 0.2 * sample

@@ -362,10 +362,12 @@ class Engine:
             self.metrics.forward_rows.observe(output.forward_rows)
             self._activity.record_forward(output.batch_size, time.perf_counter())
         times = self._runner.last_times
-        self._activity.record_stage("encode_s", times.encode_s)
-        self._activity.record_stage("decode_s", times.decode_s)
+        # One step runs one batch, and a batch never mixes models: every time of it is this model's.
+        model = scheduled.batch[0].params.model
+        self._activity.record_stage("encode_s", times.encode_s, model)
+        self._activity.record_stage("decode_s", times.decode_s, model)
         if output.batch_size:
-            self._activity.record_stage("denoise_step_s", [times.forward_s + times.scheduler_s])
+            self._activity.record_stage("denoise_step_s", [times.forward_s + times.scheduler_s], model)
         self._publish()
 
     def _observe_first_previews(self, output, scheduled) -> None:

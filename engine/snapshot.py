@@ -62,7 +62,8 @@ class EngineStats:
     forwards_by_batch_size: dict[int, int] = field(default_factory=dict)  # requests per forward -> count
     finished: dict[str, int] = field(default_factory=dict)  # final status -> count
     completed_by_model: dict[str, int] = field(default_factory=dict)  # model -> completed requests
-    stages: StageStats = StageStats()
+    stages: StageStats = StageStats()  # the whole engine's
+    stages_by_model: dict[str, StageStats] = field(default_factory=dict)  # model -> its own stage times
 
 
 @dataclass(frozen=True)
@@ -140,5 +141,6 @@ def build_snapshot(scheduler: "Scheduler", activity: EngineActivity) -> EngineSn
         finished=dict(activity.finished),
         completed_by_model=dict(activity.completed_by_model),
         stages=StageStats(**activity.stage_means),
+        stages_by_model={model: StageStats(**means) for model, means in activity.stage_means_by_model.items()},
     )
     return EngineSnapshot(taken_at=now, requests=tuple(views), stats=stats)

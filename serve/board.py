@@ -131,9 +131,13 @@ def _summed_stats(stats: list[EngineStats], mode: str, max_batch_requests: int) 
         forwards_by_size.update(s.forwards_by_batch_size)
         finished.update(s.finished)
 
-    def mean(name: str) -> float | None:
-        values = [getattr(s.stages, name) for s in stats if getattr(s.stages, name) is not None]
-        return sum(values) / len(values) if values else None
+    def averaged(stages: list[StageStats]) -> StageStats:
+        def mean(name: str) -> float | None:
+            values = [getattr(s, name) for s in stages if getattr(s, name) is not None]
+            return sum(values) / len(values) if values else None
+        return StageStats(encode_s=mean("encode_s"), denoise_step_s=mean("denoise_step_s"), decode_s=mean("decode_s"))
+
+    models = dict.fromkeys(model for s in stats for model in s.stages_by_model)
 
     return EngineStats(
         mode=stats[0].mode if stats else mode,
@@ -143,5 +147,7 @@ def _summed_stats(stats: list[EngineStats], mode: str, max_batch_requests: int) 
         forwards=sum(s.forwards for s in stats),
         forwards_by_batch_size=dict(forwards_by_size),
         finished=dict(finished),
-        stages=StageStats(encode_s=mean("encode_s"), denoise_step_s=mean("denoise_step_s"), decode_s=mean("decode_s")),
+        stages=averaged([s.stages for s in stats]),
+        stages_by_model={model: averaged([s.stages_by_model[model] for s in stats if model in s.stages_by_model])
+                         for model in models},
     )

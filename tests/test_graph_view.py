@@ -6,7 +6,7 @@ import re
 import time
 from dataclasses import replace
 
-from engine import Engine, GenerationParams, Progress
+from engine import Completed, Engine, GenerationParams, Progress
 from pipelines.toy import ToyPipeline
 from studio.page.graph_view import build_nodes, render_graph
 
@@ -99,3 +99,27 @@ def test_several_models_get_a_row_each_with_their_own_counts():
     assert (small["denoise"].count, video["denoise"].count) == (1, 0)
     assert (small["media"].count_label, video["media"].count_label) == ("0 made", "1 made")
     assert svg.count('class="ss-model-row"') == 2
+
+
+def test_each_models_row_shows_that_models_own_stage_times():
+    slow, fast = ToyPipeline(step_delay_s=0.03), ToyPipeline()
+    engine = Engine({"slow": slow, "fast": fast}).start()
+    try:
+        final = engine.submit(GenerationParams(prompt="a red circle", num_inference_steps=4, model="slow"), "me").result(30)
+        assert isinstance(final, Completed)
+        snapshot = engine.snapshot()
+    finally:
+        engine.close()
+    infos = engine.infos
+    slow_row = {node.stage: node for node in build_nodes(snapshot, infos["slow"], "me", model="slow")}
+    fast_row = {node.stage: node for node in build_nodes(snapshot, infos["fast"], "me", model="fast")}
+    # The fast model ran nothing: its row has no times (it showed the slow model's, engine-wide).
+    assert [fast_row[stage].mean_s for stage in ("encode", "denoise", "decode")] == [None, None, None]
+    assert "fast" not in snapshot.stats.stages_by_model
+    own = snapshot.stats.stages_by_model["slow"]
+    assert (slow_row["encode"].mean_s, slow_row["denoise"].mean_s, slow_row["decode"].mean_s) == (
+        own.encode_s, own.denoise_step_s, own.decode_s)
+    assert own.denoise_step_s >= 0.03  # every step of it slept 30 ms in its forward
+    svg = render_graph(snapshot, infos, viewer_session="me")
+    fast_svg = svg[svg.index('data-model="fast"'):]
+    assert "mean" not in fast_svg and "per step" not in fast_svg

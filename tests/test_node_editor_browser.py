@@ -132,9 +132,11 @@ def test_build_a_graph_with_the_mouse_run_it_and_cancel_one_branch(page, studio,
     shot(page, "editor-built")
 
     # The engine holds inside the branches' 9th forward while the page is looked at and the cancel
-    # goes out, so the branch is surely still running when its cancel arrives (no timing window).
-    gate = StepGate(len(pipeline.forward_log) + 8)
-    pipeline.on_forward = gate
+    # goes out, so the branch is surely still running when its cancel arrives (no timing window);
+    # then inside the 13th, while the page shows one branch aborted and none finished.
+    first = len(pipeline.forward_log)
+    gate, later = StepGate(first + 8), StepGate(first + 12)
+    pipeline.on_forward = lambda index, batch: [hold(index, batch) for hold in (gate, later)]
     try:
         page.click("[data-action='run']")
         page.wait_for_selector(f"#node-{sampler}[data-state='running'] .sse-branch")
@@ -148,16 +150,27 @@ def test_build_a_graph_with_the_mouse_run_it_and_cancel_one_branch(page, studio,
         shot(page, "editor-running")
         page.click(f"#node-{sampler} .sse-branch[data-index='2'] .sse-branch-cancel")
         wait_for(lambda: cancels, timeout_s=30, what="the branch's cancel to reach the engine")
+        gate.release()
+        later.wait()
+        page.wait_for_selector(f"#node-{sampler} .sse-branch[data-index='2'][data-state='aborted']")
+        # The run bar and the node's badge count finished branches, and say how many were aborted.
+        assert page.inner_text(".sse-run-text") == "RUNNING · 0/4 finished · 1 aborted"
+        badge = page.locator(f"#node-{sampler} .sse-badge")
+        assert (badge.inner_text(), badge.get_attribute("title")) == ("running 0/4", "0/4 finished · 1 aborted")
+        shot(page, "editor-one-aborted")
     finally:
         pipeline.on_forward = None
         gate.release()
-    page.wait_for_selector(f"#node-{sampler} .sse-branch[data-index='2'][data-state='aborted']")
+        later.release()
     page.wait_for_selector(".sse-root[data-run-state='partial']", timeout=30_000)
     states = [el.get_attribute("data-state") for el in page.query_selector_all(f"#node-{sampler} .sse-branch")]
     assert states == ["completed", "completed", "aborted", "completed"]
     assert page.locator(f"#node-{grid} img.sse-grid").count() == 1
     assert page.locator("#ss-workflow-results img").count() >= 4  # the grid and three images
-    assert page.get_attribute(f"#node-{sampler}", "data-state") == "cancelled"
+    # The run's words on its nodes too: "partial" (some finished, some aborted), never "cancelled".
+    assert page.get_attribute(f"#node-{sampler}", "data-state") == "partial"
+    assert page.inner_text(f"#node-{sampler} .sse-badge") == "partial 3/4"
+    assert page.inner_text(".sse-run-text") == "PARTIAL · 3/4 finished · 1 aborted"
     shot(page, "editor-finished")
     assert engine.snapshot().requests == ()
 
@@ -196,6 +209,12 @@ def test_problems_are_shown_on_their_nodes_and_nothing_runs(page, studio):
     assert page.get_attribute(".sse-root", "data-run-state") == "invalid"
     assert len(pipeline.encoded) == encoded
     shot(page, "editor-problem")
+    # A new example clears the old graph's problems: no stale "Not run" or marked nodes.
+    page.select_option(".sse-examples", "example:guidance-steps-xy")
+    page.wait_for_function("() => document.querySelectorAll('.sse-canvas .drawflow-node').length == 7")
+    assert page.inner_text(".sse-run-text") == "Ready."
+    assert page.locator(".sse-problem").count() == 0 and page.locator("[data-state='invalid']").count() == 0
+    assert page.get_attribute(".sse-root", "data-run-state") is None
 
 
 def test_delete_undo_zoom_pan_save_and_upload(page, tmp_path):
@@ -238,6 +257,29 @@ def test_delete_undo_zoom_pan_save_and_upload(page, tmp_path):
     page.reload()
     page.wait_for_selector("#ss-node-editor .drawflow-node")
     assert len(nodes(page)) == 2 and links(page) == 1
+
+
+def test_a_link_that_would_make_a_cycle_is_refused_with_a_reason(page, tmp_path):
+    page.click("[data-action='clear']")
+    sampler = drag_from_palette(page, "sampler", 300, 120)
+    drag_link(page, sampler, 1, sampler, 1)  # its images onto its own prompt input
+    assert links(page) == 0
+    assert page.inner_text(".sse-message") == ("That link would make a cycle: a Sampler's output can't feed its "
+                                               "own input.")
+    assert page.get_attribute(".sse-message", "data-kind") == "error"
+    # A file with such a link: refused as a drawn one is, and named as the file names it.
+    looped = tmp_path / "looped.json"
+    looped.write_text(json.dumps({"version": 1, "nodes": [
+        {"id": "1", "type": "prompt", "values": {"text": "a loop"}, "position": [40, 40]},
+        {"id": "2", "type": "sampler", "values": {}, "position": [320, 40]}],
+        "links": [{"from": {"node": "1", "port": "prompt"}, "to": {"node": "2", "port": "prompt"}},
+                  {"from": {"node": "2", "port": "images"}, "to": {"node": "2", "port": "image"}}]}))
+    page.set_input_files(".sse-file", str(looped))
+    page.wait_for_function("() => document.querySelectorAll('.sse-canvas .drawflow-node').length == 2")
+    assert links(page) == 1  # the prompt's link only
+    assert page.inner_text(".sse-message") == ("Skipped links that would make a cycle: Sampler (node 2) -> "
+                                               "Sampler (node 2).")
+    shot(page, "editor-cycle-refused")
 
 
 def test_a_saved_png_opens_its_workflow(page, studio):

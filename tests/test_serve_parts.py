@@ -95,7 +95,8 @@ def test_an_unconfirmed_reservation_expires_and_a_dead_replica_is_forgotten():
 def _stats(batch: int, finished: dict, step_s: float | None, forwards: dict) -> EngineStats:
     return EngineStats(mode="step", max_batch_requests=4, current_batch_size=batch, steps_per_s=10.0 * batch,
                        forwards=sum(forwards.values()), forwards_by_batch_size=forwards, finished=finished,
-                       stages=StageStats(encode_s=None, denoise_step_s=step_s, decode_s=0.5))
+                       stages=StageStats(encode_s=None, denoise_step_s=step_s, decode_s=0.5),
+                       stages_by_model={"m": StageStats(denoise_step_s=step_s)})
 
 
 def _view(request_id: str, session: str, batch: tuple[str, ...], submitted: float, started: float | None) -> RequestView:
@@ -133,6 +134,7 @@ def test_the_board_merges_snapshots_with_our_ids_and_clock():
     assert stats.finished == {"completed": 4, "aborted": 2}
     assert stats.steps_per_s == 20.0
     assert stats.stages.denoise_step_s == pytest.approx(0.3) and stats.stages.encode_s is None
+    assert stats.stages_by_model["m"].denoise_step_s == pytest.approx(0.3)  # each model's times too
     assert board.live_count == 2 and board.clock_offset("id1") == -4000.0
 
 

@@ -147,6 +147,18 @@ def test_shift_enter_generates_and_enter_adds_a_line(open_page):
     assert "Shift+Enter generates" in page.inner_text("#ss-prompt")
 
 
+def test_errors_show_one_at_a_time_the_newest(open_page):
+    page = open_page()
+    for index in range(3):  # three refused requests, one after the other
+        generate(page, f"a red circle <lora:missing{index}:1>")
+        page.wait_for_function("() => [...document.querySelectorAll('.toast-message-text')]"
+                               f".some(el => el.innerText.includes(\"'missing{index}'\"))")
+    shown = page.evaluate("() => [...document.querySelectorAll('.toast-message-text')]"
+                          ".filter(el => el.offsetParent !== null).map(el => el.innerText)")
+    shot(page, "browser-one-toast")
+    assert len(shown) == 1 and "LoRA 'missing2' is not loaded" in shown[0], shown
+
+
 def test_cancel_one_request_and_cancel_all(open_page, studio, monkeypatch):
     _, engine, pipeline, _ = studio
     cancels = spy_on_cancels(engine, monkeypatch)

@@ -255,7 +255,7 @@ def test_unknown_node_type_and_links_to_missing_nodes_or_ports():
 def test_wrong_type_on_a_link_names_both_ends():
     found = problems([PROMPT, SAMPLER, node("t", "steps", steps=10)],
                      [TO_SAMPLER, link("t", "steps", "s", "guidance")])
-    assert found == [("s", "guidance", "gets 'steps' from node t (Steps) but takes 'guidance'.")]
+    assert found == [("s", "guidance", "gets 'steps' from Steps (node t) but takes 'guidance'.")]
 
 
 def test_a_sweep_outputs_the_type_it_varies():
@@ -282,6 +282,13 @@ def test_cycles_are_found():
     # Types aside, a loop of links is reported as a cycle before anything else.
     found = problems(nodes, [TO_SAMPLER, link("s", "images", "s2", "prompt"), link("s2", "images", "s", "seed")])
     assert len(found) == 1 and "cycle" in found[0][2] and found[0][0] in ("s", "s2")
+
+
+def test_a_cycle_names_its_nodes_by_title_and_the_workflows_ids():
+    # A Sampler whose images feed its own prompt (as a loaded file can have it): the message names
+    # the node as the user sees it, its title, and its id in the JSON.
+    found = problems([node("2", "sampler")], [link("2", "images", "2", "prompt")])
+    assert found == [("2", None, "the links form a cycle: Sampler (node 2) -> Sampler (node 2).")]
 
 
 def test_values_outside_the_models_limits():

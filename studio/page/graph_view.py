@@ -2,8 +2,8 @@
 
 prompt -> text encode -> denoise (xK) -> decode -> image, drawn from `PipelineInfo.stages`, one
 row per loaded model (labelled with its name when there are several). Each node shows how many
-of that model's requests are at that stage now and the stage's mean time from
-`EngineSnapshot.stats.stages`; the nodes holding the viewer's own requests are highlighted.
+of that model's requests are at that stage now and the stage's mean time for that model from
+`EngineSnapshot.stats.stages_by_model` (`stats.stages` for a single-model engine); the nodes holding the viewer's own requests are highlighted.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from engine import EngineSnapshot, RequestView
+from engine.snapshot import StageStats
 from pipelines.interface import PipelineInfo
 from studio.page.queue_view import format_step_time
 
@@ -80,7 +81,8 @@ def build_nodes(snapshot: EngineSnapshot, info: PipelineInfo, viewer_session: st
     counts = Counter(stage_of(view) for view in requests)
     mine = [view for view in requests if view.session_id == viewer_session]
     denoising = [view for view in requests if stage_of(view) == "denoise"]
-    stages = snapshot.stats.stages
+    # A model's row shows that model's own times (an image and a video model differ a lot).
+    stages = snapshot.stats.stages if model is None else snapshot.stats.stages_by_model.get(model, StageStats())
     means = {
         "encode": (stages.encode_s, "mean"),
         "denoise": (stages.denoise_step_s, "per step"),

@@ -25,6 +25,7 @@ from PIL import Image
 from engine import GenerationParams
 from studio.media import animated_gif, data_url, preview_image
 from studio.server.temp_files import TempFolder
+from studio.tracker import FINAL_STATES
 from studio.workflows.compiler import CompiledWorkflow
 from studio.workflows.format import WorkflowError
 from studio.workflows.run_views import BranchView, RunView
@@ -93,8 +94,10 @@ def run_summary(view: RunView, compiled: CompiledWorkflow, serial: int) -> dict:
         "serial": serial,  # always a new value, so the browser's watch fires
         "run_id": view.run_id,
         "state": view.state,
-        "done": view.done,
+        "done": view.done,  # branches that ended, however they ended
         "total": view.total,
+        # How they ended, for the run bar: "1/4 branches" read as one finished when one was aborted.
+        "ended": {state: sum(b.state == state for b in view.branches) for state in FINAL_STATES},
         "steps_done": sum(b.step for b in view.branches),
         "total_steps": sum(b.total for b in view.branches),
         "nodes": {

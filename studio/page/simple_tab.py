@@ -77,6 +77,7 @@ class SimpleForm:
     random_seed: gr.Checkbox
     seed: gr.Number
     unknown_words: gr.Markdown
+    examples: gr.Dataset  # the picked model's example prompts; a click puts one in the prompt
     generate: gr.Button
     cancel: gr.Button
     picture: gr.ImageMask  # image to image: the picture to start from, and a painted mask
@@ -187,6 +188,7 @@ class ModelForm:
     makes_video: bool
     strength: float = 0.6  # image to image's default strength (the model's)
     loras: tuple[str, ...] = ()  # the LoRA adapters loaded for the model
+    example_prompts: tuple[str, ...] = ()  # the model's own card's examples (a video model's are videos)
 
     @property
     def default_size(self) -> str | None:
@@ -208,11 +210,16 @@ class ModelForm:
         return cls((size_min, size_max), step, sizes, limits.max_steps, min(defaults.width, size_max),
                    min(defaults.height, size_max), min(defaults.num_inference_steps, limits.max_steps),
                    defaults.guidance_scale, defaults.negative_prompt, info.uses_negative_prompt, tuple(info.schedulers),
-                   defaults.num_frames if video else None, video, defaults.strength, tuple(info.loras))
+                   defaults.num_frames if video else None, video, defaults.strength, tuple(info.loras),
+                   tuple(defaults.example_prompts))
+
+    def example_samples(self) -> list[list[str]]:
+        """The example prompts as the examples' Dataset holds them: one row per prompt."""
+        return [[prompt] for prompt in self.example_prompts]
 
     def updates(self) -> list:
         """gr.update()s for (size, width, height, steps, guidance, negative prompt, scheduler, frames,
-        preview, animation, image, video, LoRA picker) when this model is picked."""
+        preview, animation, image, video, LoRA picker, example prompts) when this model is picked."""
         return [
             gr.update(choices=list(self.sizes), value=self.default_size, visible=bool(self.sizes)),
             gr.update(minimum=self.size_range[0], maximum=self.size_range[1], step=self.size_step, value=self.width,
@@ -230,6 +237,7 @@ class ModelForm:
             gr.update(visible=not self.makes_video),
             gr.update(visible=self.makes_video),
             gr.update(choices=list(self.loras), value=None, visible=bool(self.loras)),
+            gr.update(samples=self.example_samples(), visible=bool(self.example_prompts)),
         ]
 
 
@@ -250,9 +258,10 @@ def build_simple_tab(engine: EngineClient, config: StudioOptions) -> tuple[Simpl
             with gr.Row():
                 generate = gr.Button("Generate", variant="primary", elem_id="ss-generate")
                 cancel = gr.Button("Cancel all", variant="stop", elem_id="ss-cancel")
-            examples = [[p] for info in engine.infos.values() for p in info.defaults.example_prompts]
-            if examples:
-                gr.Examples(examples=examples, inputs=[prompt], label="Example prompts")
+            # The picked model's own examples only (picking another model swaps them): a Dataset,
+            # since gr.Examples' list is fixed once built.
+            examples = gr.Dataset(components=[prompt], samples=look.example_samples(), label="Example prompts",
+                                  visible=bool(look.example_prompts), elem_id="ss-examples")
             with gr.Accordion("Settings", open=True):
                 with gr.Row():
                     # Every served model's card sizes are known to the server; picking a model narrows them.
@@ -301,7 +310,7 @@ def build_simple_tab(engine: EngineClient, config: StudioOptions) -> tuple[Simpl
                                  object_fit="contain", format="png", preview=False, allow_preview=True,
                                  elem_id="ss-gallery")
     form = SimpleForm(model, prompt, negative, size, width, height, steps, guidance, scheduler, frames, batch_count,
-                      random_seed, seed, unknown, generate, cancel, picture, strength, picture_panel, lora)
+                      random_seed, seed, unknown, examples, generate, cancel, picture, strength, picture_panel, lora)
     return form, SimplePanel(queue, preview, animation, image, video, gallery)
 
 
@@ -440,10 +449,13 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
     form.lora.input(with_lora_tag, inputs=[form.prompt, form.lora], outputs=[form.prompt, form.lora], queue=False,
                     api_name="ui_add_lora", api_visibility="private", show_progress="hidden")
 
+    form.examples.click(lambda sample: sample[0], inputs=form.examples, outputs=form.prompt, queue=False,
+                        api_name="ui_example_prompt", api_visibility="private", show_progress="hidden")
+
     def pick_model(model: str, prompt: str) -> list:
         return ModelForm.of(engine, model or None).updates() + [unknown_words_text(engine, model, prompt)]
 
     form.model.change(pick_model, inputs=[form.model, form.prompt],
                       outputs=[form.size, form.width, form.height, form.steps, form.guidance_scale, form.negative_prompt,
-                               form.scheduler, form.frames, *media, form.lora, form.unknown_words],
+                               form.scheduler, form.frames, *media, form.lora, form.examples, form.unknown_words],
                       queue=False, api_name="ui_pick_model", api_visibility="private", show_progress="hidden")

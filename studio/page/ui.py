@@ -50,6 +50,10 @@ STUDIO_CSS = QUEUE_CSS + GRAPH_CSS + TAB_QUEUE_CSS + """
 #ss-gallery img, #ss-history img { image-rendering: pixelated; object-fit: contain !important; }
 #ss-gallery .grid-container { grid-template-columns: repeat(auto-fill, minmax(110px, 130px)) !important; }
 .ss-unknown { color: var(--error-text-color, #b45309); font-size: 0.85rem; }
+/* One message at a time: Gradio stacks every error in one growing toast ("Error (3)"); the newest
+   is the one that is about what the user just did. */
+.toast-messages > .toast-message-item:has(~ .toast-message-item), .toast-messages > .toast-separator,
+.toast-title .toast-count { display: none; }
 """
 
 

@@ -91,6 +91,11 @@ def _find_cycle(workflow: Workflow) -> list[str] | None:
     return None
 
 
+def _named(node: Node) -> str:
+    """A node as the user sees it: its title, and its id in the workflow JSON ("Sampler (node 2)")."""
+    return f"{NODE_TYPES[node.type].title} (node {node.id})"
+
+
 def _check_link_types(workflow: Workflow, problems: list[Problem]) -> None:
     for link in workflow.links:
         source, target = workflow.nodes[link.source.node], workflow.nodes[link.target.node]
@@ -100,7 +105,7 @@ def _check_link_types(workflow: Workflow, problems: list[Problem]) -> None:
             continue  # an invalid Sweep setting is reported on the Sweep itself
         if not accepts(want, have):
             problems.append(Problem(
-                f"gets {have!r} from node {source.id} ({NODE_TYPES[source.type].title}) but takes {want!r}.",
+                f"gets {have!r} from {_named(source)} but takes {want!r}.",
                 target.id, link.target.port))
 
 
@@ -119,7 +124,8 @@ def compile_workflow(workflow: Workflow, limits: WorkflowLimits | None = None,
     problems: list[Problem] = []
     cycle = _find_cycle(workflow)
     if cycle:
-        raise WorkflowError([Problem(f"the links form a cycle: {' -> '.join(cycle)}.", cycle[0])])
+        named = " -> ".join(_named(workflow.nodes[node_id]) for node_id in cycle)
+        raise WorkflowError([Problem(f"the links form a cycle: {named}.", cycle[0])])
     _check_link_types(workflow, problems)
     sources = _input_sources(workflow)
 

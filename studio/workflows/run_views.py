@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from PIL import Image
 
 from engine import Completed, GenerationParams
-from studio.tracker import ABORTED, FAILED, FINAL_STATES, QUEUED, RUNNING, WAITING, Status
+from studio.tracker import ABORTED, COMPLETED, FAILED, FINAL_STATES, QUEUED, RUNNING, WAITING, Status
 from studio.workflows.branches import Branch
 
 
@@ -69,7 +69,7 @@ class BranchView:
 class NodeRunState:
     """A workflow node's part in a run (what the editor colours the node by)."""
 
-    state: str  # "idle" | "waiting" | "running" | "done" | "cancelled" | "error"
+    state: str  # "idle" | "waiting" | "running" | "done" | "partial" | "aborted" | "error" (the run's words)
     done: int  # branches of this node that ended
     total: int
 
@@ -102,8 +102,8 @@ def node_state(branches: list[BranchView]) -> NodeRunState:
         return NodeRunState(RUNNING if active else WAITING, done, len(states))
     if FAILED in states:
         return NodeRunState("error", done, len(states))
-    if ABORTED in states:
-        return NodeRunState("cancelled", done, len(states))
+    if ABORTED in states:  # the run's words: "partial" when some finished, "aborted" when none did
+        return NodeRunState("partial" if COMPLETED in states else ABORTED, done, len(states))
     return NodeRunState("done", done, len(states))
 
 

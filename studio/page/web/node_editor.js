@@ -138,6 +138,9 @@
       df.start();
       this.df = df;
       df.on("connectionCreated", (c) => this.onConnection(c));
+      // drawflow drops a link from a node onto its own input without a word: note it, then say why.
+      this.canvas.addEventListener("mouseup", (event) => this.noteSelfLink(event), true);
+      df.on("connectionCancel", () => this.onConnectionCancel());
       df.on("connectionRemoved", () => this.changed());
       df.on("nodeRemoved", () => this.changed());
       df.on("nodeMoved", () => this.changed());
@@ -380,6 +383,22 @@
       this.changed();
     }
 
+    noteSelfLink(event) {
+      // Runs before drawflow's own mouseup (capture phase), while its dragged link is still known.
+      const port = event.target.closest && event.target.closest(".input");
+      const from = this.df.connection && this.df.ele_selected && this.df.ele_selected.closest(".drawflow-node");
+      this.selfLink = port && from && port.closest(".drawflow-node") === from ? port : null;
+    }
+
+    onConnectionCancel() {
+      const port = this.selfLink;
+      this.selfLink = null;
+      if (!port) return;
+      const node = port.closest(".drawflow-node");
+      this.say(`That link would make a cycle: a ${this.types[node.dataset.nodeType].title}'s output can't feed its own input.`, "error");
+      this.flashPort(node.id.slice(5), port.classList[1]);
+    }
+
     reaches(fromId, toId) {
       // Is toId downstream of fromId?
       const data = this.df.drawflow.drawflow.Home.data;
@@ -455,6 +474,7 @@
 
     load(workflow, message) {
       if (!workflow || !Array.isArray(workflow.nodes)) { this.say("That is not a workflow (it has no nodes list).", "error"); return false; }
+      this.clearStaleProblems();
       this.quiet++;
       try {
         this.df.clear();
@@ -465,21 +485,33 @@
           const pos = node.position || [0, 0];
           ids[String(node.id)] = this.addNode(node.type, pos[0], pos[1], node.values || {});
         }
+        const cycles = [];
         for (const link of workflow.links || []) {
           const from = ids[String(link.from.node)], to = ids[String(link.to.node)];
           if (from === undefined || to === undefined) continue;
+          if (String(from) === String(to) || this.reaches(to, from)) {  // as a drawn link would be, refused
+            cycles.push(`${this.fileName(workflow, link.from.node)} -> ${this.fileName(workflow, link.to.node)}`);
+            continue;
+          }
           const out = this.types[this.nodeData(from).name].outputs.findIndex((p) => p.name === link.from.port);
           const inp = this.types[this.nodeData(to).name].inputs.findIndex((p) => p.name === link.to.port);
           if (out >= 0 && inp >= 0) this.df.addConnection(from, to, "output_" + (out + 1), "input_" + (inp + 1));
         }
         for (const id of Object.values(ids)) this.syncFields(id);
         if (unknown.length) this.say("Skipped unknown node types: " + unknown.join(", "), "error");
+        else if (cycles.length) this.say("Skipped links that would make a cycle: " + cycles.join("; ") + ".", "error");
         else if (message) this.say(message);
       } finally {
         this.quiet--;
       }
       this.changed();
       return true;
+    }
+
+    fileName(workflow, fileId) {
+      // A node of a loaded file as the user knows it: its title and its id in that file ("Sampler (node 2)").
+      const node = workflow.nodes.find((n) => String(n.id) === String(fileId));
+      return `${this.types[node.type].title} (node ${fileId})`;
     }
 
     syncFields(id) {
@@ -693,9 +725,7 @@
       const state = this.mergeRun(update);
       this.runState = state;
       if (state.state === "invalid") { this.showProblems(state.problems || []); return; }
-      const text = `${state.state.toUpperCase()} · ${state.done}/${state.total} branches` +
-                   (state.message ? " · " + state.message : "");
-      this.runbar.querySelector(".sse-run-text").textContent = text;
+      this.runbar.querySelector(".sse-run-text").textContent = this.runText(state);
       const bar = this.runbar.querySelector(".sse-run-progress");
       bar.max = Math.max(1, state.total_steps || 1);
       bar.value = state.steps_done || 0;
@@ -708,9 +738,14 @@
         const el = this.nodeElement(nodeId);
         if (!el) continue;
         el.dataset.state = view.state;
-        el.querySelector(".sse-badge").textContent = view.total ? `${view.state} ${view.done}/${view.total}` : "";
         const live = el.querySelector(".sse-live");
         const branches = (view.branches || []).map((i) => byIndex[i]).filter(Boolean);
+        const ended = {};
+        for (const b of branches) ended[b.state] = (ended[b.state] || 0) + 1;
+        // "running 0/4": of finished branches (short: a node's header is narrow); the tooltip says all.
+        const badge = el.querySelector(".sse-badge");
+        badge.textContent = view.total ? `${view.state} ${ended.completed || 0}/${view.total}` : "";
+        badge.title = view.total ? this.countsText(ended, view.total) : "";
         const liveView = this.types[el.dataset.nodeType].live_view;  // what the node type says it shows
         if (liveView === "branch_bars") this.showBranchBars(live, branches);
         else if (liveView === "previews") this.showThumbs(live, branches, (b) => b.preview || b.image, "sse-preview");
@@ -789,6 +824,20 @@
       }
     }
 
+    runText(state) {
+      // "RUNNING · 0/4 finished · 1 aborted" (a run bar once read "1/4" with one branch aborted).
+      return `${state.state.toUpperCase()} · ${this.countsText(state.ended || {}, state.total)}` +
+             (state.message ? " · " + state.message : "");
+    }
+
+    countsText(ended, total) {
+      // Finished counts completed branches only; aborted and failed ones are named apart.
+      let text = `${ended.completed || 0}/${total} finished`;
+      if (ended.aborted) text += ` · ${ended.aborted} aborted`;
+      if (ended.failed) text += ` · ${ended.failed} failed`;
+      return text;
+    }
+
     showProblems(problems) {
       this.clearProblems();
       const loose = [];
@@ -807,6 +856,14 @@
       this.say((loose.length ? loose.join("; ") : summary) + more, "error");
       this.runbar.querySelector(".sse-run-text").textContent = "Not run: the workflow has problems.";
       this.root.dataset.runState = "invalid";
+    }
+
+    clearStaleProblems() {
+      // A new graph: the old one's problems and its "Not run" no longer apply (a run's state stays).
+      this.clearProblems();
+      if (this.root.dataset.runState !== "invalid") return;
+      delete this.root.dataset.runState;
+      this.runbar.querySelector(".sse-run-text").textContent = "Ready.";
     }
 
     clearProblems() {
