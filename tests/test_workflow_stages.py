@@ -16,7 +16,7 @@ from PIL import Image
 
 from engine import Engine, ServingLimits
 from pipelines.toy import ToyPipeline
-from studio.page.simple_tab import form_workflow, start_picture
+from studio.page.form_workflow import form_workflow, start_picture
 from studio.pictures import MAX_DATA_URL_CHARS, MaskSpec, picture_data_url, sized, start_size
 from studio.workflows.compiler import compile_workflow
 from studio.workflows.format import (
