@@ -94,7 +94,7 @@ class VideoJobs:
     outputs: OutputStore | None
     files_folder: Path  # where finished jobs' downloads are kept
 
-    def accept(self, job: VideoJob, restarts: int = 0) -> None:
+    def accept(self, job: VideoJob) -> None:
         """Record a job's request (`job.handle`, just submitted) as accepted, and follow it to its end."""
         owner = self.outputs.owners.of_caller(job.owner) if self.outputs is not None and self.outputs.enabled else ""
         entry = self.durable.store.accept("video_job", job.owner, owner, job.params, video_id=job.id)

@@ -39,7 +39,6 @@ class ResumeReport:
 
     resumed_by_owner: Counter = field(default_factory=Counter)  # history owner -> requests resumed
     dropped: int = 0  # too old, or no longer valid for this server
-    done: threading.Event = field(default_factory=threading.Event)  # every one of them submitted
 
     @property
     def resumed(self) -> int:
@@ -55,7 +54,6 @@ def resume_accepted(engine: EngineClient, durable: DurableRequests, outputs: "Ou
     for job_id in set(waiting_jobs) - {entry.video_id for entry in pending}:
         _fail_job(video_jobs, waiting_jobs.pop(job_id), "it was accepted before a restart, and its request was lost")
     if not pending:
-        report.done.set()
         return report
     log.info("resuming %d accepted requests from before the restart", len(pending))
     thread = threading.Thread(target=_resume_all, args=(engine, durable, outputs, video_jobs, waiting_jobs, pending,
@@ -65,30 +63,27 @@ def resume_accepted(engine: EngineClient, durable: DurableRequests, outputs: "Ou
 
 
 def _resume_all(engine, durable, outputs, video_jobs, waiting_jobs, pending, max_age_s, report) -> None:
-    try:
-        for entry in pending:
-            job = waiting_jobs.get(entry.video_id) if entry.kind == "video_job" else None
-            if time.time() - entry.accepted_at > max_age_s or (entry.kind == "video_job" and job is None):
-                _drop(durable, video_jobs, entry, job, f"it was accepted more than {max_age_s:g} s before the restart")
-                report.dropped += 1
-                continue
-            handle = _submit_when_room(engine, entry)
-            if isinstance(handle, str):  # refused: the server's limits changed since
-                _drop(durable, video_jobs, entry, job, handle)
-                report.dropped += 1
-                continue
-            if handle is None:  # the engine is closing: what is left stays accepted for the next start
-                return
-            entry = durable.store.resumed(entry)
-            if job is not None:
-                job.attach(handle, entry.restarts)
-                video_jobs.follow(job, entry)
-            else:
-                durable.follow(handle, entry, finish_image(outputs))
-            report.resumed_by_owner[entry.owner] += 1
-        log.info("resumed %d accepted requests (%d not run again)", report.resumed, report.dropped)
-    finally:
-        report.done.set()
+    for entry in pending:
+        job = waiting_jobs.get(entry.video_id) if entry.kind == "video_job" else None
+        if time.time() - entry.accepted_at > max_age_s or (entry.kind == "video_job" and job is None):
+            _drop(durable, video_jobs, entry, job, f"it was accepted more than {max_age_s:g} s before the restart")
+            report.dropped += 1
+            continue
+        handle = _submit_when_room(engine, entry)
+        if isinstance(handle, str):  # refused: the server's limits changed since
+            _drop(durable, video_jobs, entry, job, handle)
+            report.dropped += 1
+            continue
+        if handle is None:  # the engine is closing: what is left stays accepted for the next start
+            return
+        entry = durable.store.resumed(entry)
+        if job is not None:
+            job.attach(handle, entry.restarts)
+            video_jobs.follow(job, entry)
+        else:
+            durable.follow(handle, entry, finish_image(outputs))
+        report.resumed_by_owner[entry.owner] += 1
+    log.info("resumed %d accepted requests (%d not run again)", report.resumed, report.dropped)
 
 
 def _submit_when_room(engine: EngineClient, entry: AcceptedRequest):
