@@ -8,6 +8,8 @@ The screenshot lands in test-artifacts/ for a human to look at.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from pipelines.loader import load_pipeline
@@ -31,14 +33,23 @@ def studio(tmp_path_factory):
         yield server, engine
 
 
-def test_the_simple_tab_makes_a_video_that_plays(studio, browser):
-    server, engine = studio
+@contextlib.contextmanager
+def simple_tab(browser, url: str):
+    """A fresh page of the studio, on its Simple tab (the Workflow tab is the default)."""
     context = browser.new_context(viewport={"width": 1400, "height": 1100})
     try:
         page = context.new_page()
-        page.goto(server.url)
-        page.get_by_role("tab", name="Simple").click()  # the Workflow tab is the default
+        page.goto(url)
+        page.get_by_role("tab", name="Simple").click()
         page.wait_for_selector("#ss-generate")
+        yield page
+    finally:
+        context.close()
+
+
+def test_the_simple_tab_makes_a_video_that_plays(studio, browser):
+    server, engine = studio
+    with simple_tab(browser, server.url) as page:
         page.click("#ss-model input")
         page.get_by_role("option", name="wan", exact=True).click()
         page.wait_for_selector("#ss-frames", state="visible")  # the form reshaped for the video model
@@ -61,8 +72,6 @@ def test_the_simple_tab_makes_a_video_that_plays(studio, browser):
         assert engine.snapshot().stats.finished == {"completed": 1}
         # The model's default video: 9 frames at its 8 fps, 1.125 s (to a millisecond: a frame is 125 ms).
         assert playing["duration"] == pytest.approx(WAN_CONFIG["num_frames"] / FPS, abs=1e-3), playing
-    finally:
-        context.close()
 
 
 def shown_examples(page, prompts: list[str]) -> list[str]:
@@ -73,12 +82,7 @@ def shown_examples(page, prompts: list[str]) -> list[str]:
 
 def test_each_model_shows_its_own_example_prompts(studio, browser):
     server, _ = studio
-    context = browser.new_context(viewport={"width": 1400, "height": 1100})
-    try:
-        page = context.new_page()
-        page.goto(server.url)
-        page.get_by_role("tab", name="Simple").click()
-        page.wait_for_selector("#ss-generate")
+    with simple_tab(browser, server.url) as page:
         page.wait_for_function("() => [...document.querySelectorAll('#ss-tab-simple button')]"
                                f".some(b => b.offsetParent !== null && b.innerText.trim() === {IMAGE_EXAMPLES[0]!r})")
         # The default (image) model's examples, and no video prompts among them.
@@ -91,5 +95,3 @@ def test_each_model_shows_its_own_example_prompts(studio, browser):
         shot(page, "browser-video-examples")
         page.get_by_role("button", name=VIDEO_EXAMPLES[1], exact=True).click()  # a click fills the prompt
         page.wait_for_function(f"() => document.querySelector('#ss-prompt textarea').value === {VIDEO_EXAMPLES[1]!r}")
-    finally:
-        context.close()
