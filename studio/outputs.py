@@ -211,10 +211,10 @@ class OutputStore:
         return day_folder / f"{next(self._counter[day]):05d}-{seed}"
 
     def save(self, completed: Completed, owner: str, workflow: dict | None = None,
-             in_same_commit: Callable[[], None] | None = None) -> SavedOutput | None:
+             in_same_commit: Callable[[SavedOutput], None] | None = None) -> SavedOutput | None:
         """Write the result and index it; None when saving is off. `owner`: a key from
-        `self.owners`. `in_same_commit`: more store writes that must land with the index row or not
-        at all (the accepted request's end: studio.store.store says why).
+        `self.owners`. `in_same_commit(saved)`: more store writes that must land with the index row or
+        not at all (the accepted request's end: studio.store.store says why).
 
         The files are written under `.partial.` names and synced, the index row is committed, then
         they are renamed: a crash at any point leaves no result indexed without its files, and the
@@ -253,7 +253,7 @@ class OutputStore:
             with self.index.transaction():
                 self.index.add_history(asdict(saved))
                 if in_same_commit is not None:
-                    in_same_commit()
+                    in_same_commit(saved)
             for written in (path, poster):
                 if written is not None:
                     _partial(written).rename(written)
@@ -322,11 +322,12 @@ def _sync(path: Path) -> None:
         os.fsync(file.fileno())
 
 
-async def save_quietly(store: OutputStore | None, completed: Completed, owner: str, workflow: dict | None = None) -> None:
+async def save_quietly(store: OutputStore | None, completed: Completed, owner: str, workflow: dict | None = None,
+                       in_same_commit: Callable[[SavedOutput], None] | None = None) -> None:
     """Save off the event loop; a failed write (a full disk) is logged, never fails the request."""
     if store is None or not store.enabled:
         return
     try:
-        await asyncio.to_thread(store.save, completed, owner, workflow)
+        await asyncio.to_thread(store.save, completed, owner, workflow, in_same_commit)
     except OSError as exc:
         log.warning("could not save an output: %s", exc)

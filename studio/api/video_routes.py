@@ -125,7 +125,7 @@ class VideoJobs:
             self.store.finish(job, error=error, in_same_commit=lambda: self.durable.store.finished(entry))
             return
 
-        def end_job() -> None:
+        def end_job(_saved=None) -> None:
             self.store.finish(job, files=files, in_same_commit=lambda: self.durable.store.finished(entry))
 
         # Saved before it shows as completed; filed under the caller's session, as the gradio

@@ -27,11 +27,10 @@ from studio.api.gradio_endpoints import wire_api_endpoints
 from studio.config import StudioOptions
 from studio.media import model_fps, write_mp4
 from studio.outputs import OutputStore
-from studio.store.durable import DurableRequests
-from studio.store.store import StudioStore
 from studio.page.graph_view import GRAPH_CSS, render_graph
 from studio.page.history_tab import build_history_tab, wire_history_tab
 from studio.page.queue_view import QUEUE_CSS, render_queue
+from studio.page.restart_banner import RESTART_BANNER_CSS, build_restart_banner, wire_restart_banner
 from studio.page.simple_tab import build_simple_tab, wire_simple_tab
 from studio.page.tab_queue import TAB_QUEUE_CSS, TABS_KEPT, TabResults
 from studio.page.workflow_tab import (
@@ -41,11 +40,14 @@ from studio.page.workflow_tab import (
     wire_workflow_tab,
 )
 from studio.sessions import session_id_of
+from studio.store.durable import DurableRequests
+from studio.store.recovery import ResumeReport
+from studio.store.store import StudioStore
 from studio.workflows.registry import RunRegistry
 
 BROWSER_STORAGE_KEY = "stepstudio-browser"
 
-STUDIO_CSS = QUEUE_CSS + GRAPH_CSS + TAB_QUEUE_CSS + """
+STUDIO_CSS = QUEUE_CSS + GRAPH_CSS + TAB_QUEUE_CSS + RESTART_BANNER_CSS + """
 #ss-preview img, #ss-result img { width: 100%; height: 100%; object-fit: contain; image-rendering: pixelated; }
 #ss-gallery img, #ss-history img { image-rendering: pixelated; object-fit: contain !important; }
 #ss-gallery .grid-container { grid-template-columns: repeat(auto-fill, minmax(110px, 130px)) !important; }
@@ -190,17 +192,20 @@ def output_store(engine: EngineClient, config: StudioOptions, index: StudioStore
 
 
 def build_ui(engine: EngineClient, config: StudioOptions, store: OutputStore | None = None,
-             durable: DurableRequests | None = None) -> gr.Blocks:
-    """The whole page; every browser tab is its own session, all share `engine`. `store` and
-    `durable`: the app's (made here when None)."""
+             durable: DurableRequests | None = None, runner: WorkflowRunner | None = None,
+             resumed: ResumeReport | None = None) -> gr.Blocks:
+    """The whole page; every browser tab is its own session, all share `engine`. `store`,
+    `durable` and `runner`: the app's (made here when None); `resumed`: what a restart resumed,
+    told to each returning owner."""
     store = store or output_store(engine, config)
     durable = durable or DurableRequests(store.index)
-    runner = WorkflowRunner(engine, config, RunRegistry(), store)
+    runner = runner or WorkflowRunner(engine, config, RunRegistry(), store)
     results = TabResults()
     with gr.Blocks(title=f"stepstudio · {' + '.join(engine.models.names)}") as demo:
         # The History token (studio.server.history_owners), kept under a key that survives restarts.
         browser_token = gr.BrowserState("", storage_key=BROWSER_STORAGE_KEY, secret=store.owners.browser_state_secret)
         _build_header(engine)
+        banner = build_restart_banner()
         with gr.Tabs(elem_id="ss-tabs") as tabs:
             with gr.Tab("Workflow", id="workflow", elem_id="ss-tab-workflow"):
                 workflow_tab = build_workflow_tab(engine)
@@ -213,6 +218,7 @@ def build_ui(engine: EngineClient, config: StudioOptions, store: OutputStore | N
         wire_simple_tab(runner, results, form, panel, browser_token, views)
         wire_history_tab(engine, store, history, history_page, browser_token, form, workflow_tab.editor, tabs, demo)
         _wire_live_views(views)
+        wire_restart_banner(banner, resumed, store.owners, browser_token, demo)
         wire_api_endpoints(engine, config, store, durable)
         wire_workflow_api(runner)
 

@@ -47,6 +47,7 @@ from studio.workflows.format import (
     for_saving,
     parse_workflow,
 )
+from studio.workflows.journal import RunJournal
 from studio.workflows.limits import ModelLimits, WorkflowLimits
 from studio.workflows.nodes import node_type_specs
 from studio.workflows.registry import RunRegistry
@@ -161,15 +162,17 @@ class WorkflowRunner:
         survives reloads), else the engine session's (API callers). See studio.server.history_owners."""
         return "" if self.outputs is None else self.outputs.owners.of(browser_token, session_id)
 
-    def start(self, source: object, session_id: str, owner: str | None = None) -> tuple[WorkflowRun, CompiledWorkflow]:
+    def start(self, source: object, session_id: str, owner: str | None = None,
+              **resume) -> tuple[WorkflowRun, CompiledWorkflow]:
         """Raises WorkflowError naming every problem; nothing is submitted then. `owner` (an
-        owner_for's key): whose saved results a Load image may name. Decodes pictures and checks
-        every branch: call it in a worker thread."""
+        owner_for's key): whose saved results a Load image may name. `resume`: WorkflowRun's
+        run_id, seeds and ended_before, for a run from before a restart. Decodes pictures and
+        checks every branch: call it in a worker thread."""
         pictures = None
         if owner and self.outputs is not None and self.outputs.enabled:
             pictures = functools.partial(self.outputs.saved_picture, owner)
         compiled = compile_source(source, workflow_limits(self.engine, self.config), pictures)
-        run = WorkflowRun(self.engine, compiled, session_id, self.config.preview_every)
+        run = WorkflowRun(self.engine, compiled, session_id, self.config.preview_every, **resume)
         return run, compiled
 
     async def start_for(self, source: object, request: gr.Request, browser_token: object = None
@@ -181,11 +184,14 @@ class WorkflowRunner:
         run, compiled = await asyncio.to_thread(self.start, source, session, owner)
         return run, compiled, owner
 
-    async def follow(self, run: WorkflowRun, owner: str, workflow: dict | None = None) -> AsyncIterator[RunView]:
+    async def follow(self, run: WorkflowRun, owner: str, workflow: dict | None = None,
+                     resumed: bool = False) -> AsyncIterator[RunView]:
         """The run's views until it ends; each finished branch is saved for `owner` (an
-        owner_for's key), with the workflow JSON when it came from the editor."""
+        owner_for's key), with the workflow JSON when it came from the editor. The run is kept in
+        the durable store until it ends (studio.workflows.journal); `resumed`: it is kept already."""
         self.registry.add(run)
-        saved: set[int] = set()
+        journal = await asyncio.to_thread(RunJournal.begin, self.outputs, run, owner, workflow is not None, resumed)
+        saved: set[int] = set(run.ended_before)
         saved_workflow = None if workflow is None else for_saving(workflow)
         updates = run.updates()
         view = None
@@ -193,12 +199,16 @@ class WorkflowRunner:
             async with contextlib.aclosing(updates):
                 async for view in updates:
                     for branch in view.branches:
-                        if branch.result is not None and branch.branch.index not in saved:
+                        if journal is not None:
+                            await journal.branch_ended(branch, saved_workflow, stopping=not self.engine.accepting)
+                        elif branch.result is not None and branch.branch.index not in saved:
                             saved.add(branch.branch.index)
                             await save_quietly(self.outputs, branch.result, owner, saved_workflow)
                     yield view
         finally:
             self.registry.finished(run)
+            if journal is not None:
+                journal.close(keep=not self.engine.accepting)
         if view is not None and view.state != COMPLETED and self._shut_down():
             # After the last view (the editor draws where each branch stopped), the same error
             # every other caller in flight gets at a shutdown.

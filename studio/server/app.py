@@ -34,9 +34,12 @@ from studio.api.http_routes import HttpApiConfig, build_router
 from studio.config import StudioOptions
 from studio.api.video_routes import video_jobs_for
 from studio.outputs import OutputStore
+from studio.page.resumed_runs import resume_runs
 from studio.page.ui import STUDIO_CSS, build_ui, output_store
+from studio.page.workflow_tab import WorkflowRunner
+from studio.workflows.registry import RunRegistry
 from studio.store.durable import DurableRequests
-from studio.store.recovery import resume_accepted
+from studio.store.recovery import ResumeReport, resume_accepted
 from studio.store.store import StudioStore
 from studio.server import server_compat
 from studio.server.guards import StudioGuards, input_counts
@@ -59,10 +62,11 @@ def for_engine(config: StudioOptions, engine: EngineClient) -> StudioOptions:
 
 
 def build_demo(engine: EngineClient, config: StudioOptions, outputs: OutputStore | None = None,
-               durable: DurableRequests | None = None) -> gr.Blocks:
+               durable: DurableRequests | None = None, runner: WorkflowRunner | None = None,
+               resumed: ResumeReport | None = None) -> gr.Blocks:
     """The Blocks with its queue set so Gradio never serialises sessions (the engine batches)."""
     config = for_engine(config, engine)
-    demo = build_ui(engine, config, outputs, durable)
+    demo = build_ui(engine, config, outputs, durable, runner, resumed)
     server_compat.cap_events_at_once(demo, MAX_GRADIO_THREADS)  # must precede queue() when mounting
     demo.queue(default_concurrency_limit=None)
     return demo
@@ -79,8 +83,8 @@ def http_api_config(config: StudioOptions) -> HttpApiConfig:
 
 def build_app(engine: EngineClient, config: StudioOptions, store: StudioStore | None = None) -> fastapi.FastAPI:
     """`store`: the studio's durable store (opened on --outputs when None; StoreError when it
-    can't be used). The work it holds from before a restart runs again (studio.store.recovery);
-    `app.state.resumed` says what was resumed."""
+    can't be used). The work it holds from before a restart runs again (studio.store.recovery,
+    studio.page.resumed_runs); `app.state.resumed` says what was resumed."""
     config = for_engine(config, engine)
     outputs = output_store(engine, config, store)
     durable = DurableRequests(outputs.index)
@@ -92,7 +96,9 @@ def build_app(engine: EngineClient, config: StudioOptions, store: StudioStore | 
     router = build_router(engine, api_config, attempts, outputs=outputs,
                           video_jobs=video_jobs_for(api_config, outputs, durable))
     app.include_router(router)
-    demo = build_demo(engine, config, outputs, durable)
+    runner = WorkflowRunner(engine, config, RunRegistry(), outputs)
+    resumed = ResumeReport()  # filled in below; the page tells each returning owner its count
+    demo = build_demo(engine, config, outputs, durable, runner, resumed)
     app.state.demo = demo
     app.state.engine = engine
     app.state.options = config
@@ -114,7 +120,8 @@ def build_app(engine: EngineClient, config: StudioOptions, store: StudioStore | 
     app.state.gradio_app = server_compat.mounted_gradio_app(app)
     server_compat.check_installed(demo, app.state.gradio_app)  # a Gradio internal gone: an error naming it, now
     app.state.store = outputs.index
-    app.state.resumed = resume_accepted(engine, durable, outputs, router.video_jobs, config.resume_max_age_s)
+    app.state.resumed = resume_accepted(engine, durable, outputs, router.video_jobs, config.resume_max_age_s, resumed)
+    resume_runs(runner, resumed, config.resume_max_age_s)
     return app
 
 

@@ -93,14 +93,38 @@ def _schema_1(connection: sqlite3.Connection, history_folder: Path | None) -> No
 
 
 def _run_statements(connection: sqlite3.Connection, script: str) -> None:
-    """Each statement of `script` inside the open transaction (executescript would commit first)."""
+    """Each statement of `script` inside the open transaction (executescript would commit first).
+    Statements are split at every ";": none may appear in a comment."""
     for statement in script.split(";"):
         if statement.strip():
             connection.execute(statement)
 
 
+def _schema_2(connection: sqlite3.Connection, history_folder: Path | None) -> None:
+    """Workflow runs (the editor's and the Simple tab's) until every branch has ended, and how each
+    branch ended, so a restart runs the rest."""
+    _run_statements(connection, """
+        CREATE TABLE workflow_runs (
+            id TEXT PRIMARY KEY,             -- the run's id
+            session TEXT NOT NULL,           -- the engine session it runs for
+            owner TEXT NOT NULL,             -- whose history its results join
+            source TEXT NOT NULL,            -- the workflow JSON as it was sent (pictures as data URLs)
+            seeds TEXT NOT NULL,             -- JSON: the seed each sampler drew, so it runs again the same
+            saves_workflow INTEGER NOT NULL, -- its results carry the workflow (the editor's runs)
+            accepted_at REAL NOT NULL,
+            restarts INTEGER NOT NULL DEFAULT 0
+        );
+        CREATE TABLE workflow_branches (     -- the branches of a run that ended
+            run_id TEXT NOT NULL REFERENCES workflow_runs (id) ON DELETE CASCADE,
+            branch INTEGER NOT NULL,
+            path TEXT,                       -- its saved picture (a video's poster), NULL when it ended without one
+            PRIMARY KEY (run_id, branch)
+        )
+    """)
+
+
 # The migrations in order: MIGRATIONS[k] brings a database from version k to k + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection, Path | None], None]] = [_schema_1]
+MIGRATIONS: list[Callable[[sqlite3.Connection, Path | None], None]] = [_schema_1, _schema_2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

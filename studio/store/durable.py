@@ -73,7 +73,7 @@ def finish_image(outputs: "OutputStore", workflow: dict | None = None) -> Finish
 
     def finish(entry: AcceptedRequest, event: Event):
         if isinstance(event, Completed) and outputs.enabled and entry.owner:
-            return outputs.save(event, entry.owner, workflow, in_same_commit=lambda: outputs.index.finished(entry))
+            return outputs.save(event, entry.owner, workflow, in_same_commit=lambda _: outputs.index.finished(entry))
         outputs.index.finished(entry)
         return None
 

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_ADMISSION_S = 0.25  # how often a request the engine has no room for yet is offered again
-RESUMED_MESSAGE = "resumed after restart"
 
 
 @dataclass
@@ -46,9 +45,10 @@ class ResumeReport:
 
 
 def resume_accepted(engine: EngineClient, durable: DurableRequests, outputs: "OutputStore",
-                    video_jobs: "VideoJobs", max_age_s: float) -> ResumeReport:
-    """Load the video jobs, then submit every accepted request again, on a thread of its own."""
-    report = ResumeReport()
+                    video_jobs: "VideoJobs", max_age_s: float, report: ResumeReport | None = None) -> ResumeReport:
+    """Load the video jobs, then submit every accepted request again, on a thread of its own.
+    `report` (a new one when None) counts what was resumed."""
+    report = ResumeReport() if report is None else report
     waiting_jobs = {job.id: job for job in video_jobs.store.load()}
     pending = durable.store.pending()
     for job_id in set(waiting_jobs) - {entry.video_id for entry in pending}:

@@ -1,5 +1,6 @@
 """The studio's durable state, over one SQLite database (studio.store.database): the requests it
-accepted and has not finished, the video jobs of the HTTP API, and each caller's history index.
+accepted and has not finished, the workflow runs with branches still owed, the video jobs of the
+HTTP API, and each caller's history index.
 
     store = StudioStore.open(Path("outputs"))          # <outputs>/studio.db; StudioStore.open(None): in memory
     entry = store.accept("image", session, owner, params)          # once the engine has taken it
@@ -55,6 +56,21 @@ class VideoJobRow:
     finished_at: float | None
     error: tuple[str, str] | None  # (code, message)
     files: dict | None  # {"paths": {variant: path}, "size_bytes": n}
+
+
+@dataclass(frozen=True)
+class JournaledRun:
+    """A workflow run whose branches have not all ended (a row of `workflow_runs`)."""
+
+    id: str
+    session: str
+    owner: str
+    source: str  # the workflow JSON as it was sent
+    seeds: dict[str, int]  # sampler -> the seed it drew
+    saves_workflow: bool
+    accepted_at: float
+    restarts: int
+    ended: dict[int, str | None]  # branch -> its saved picture (None: it ended without one)
 
 
 class StudioStore:
@@ -141,6 +157,37 @@ class StudioStore:
         return [AcceptedRequest(row[0], row[1], row[2], row[3], params_from_record(row[4], row[5], row[6]),
                                 row[7], row[8], row[9]) for row in rows]
 
+    # ------------------------------------------------------------------ workflow runs
+    def accept_run(self, run_id: str, session: str, owner: str, source: str, seeds: dict[str, int],
+                   saves_workflow: bool) -> None:
+        """Record a workflow run the engine started taking (its branches end one by one)."""
+        self._execute("INSERT INTO workflow_runs (id, session, owner, source, seeds, saves_workflow, accepted_at)"
+                      " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                      (run_id, session, owner, source, json.dumps(seeds), int(saves_workflow), time.time()))
+
+    def branch_ended(self, run_id: str, branch: int, path: str | None) -> None:
+        """One branch of a run ended: with its result saved at `path` (in the commit that indexes
+        it), or without one (failed, or cancelled by its caller)."""
+        self._execute("INSERT OR REPLACE INTO workflow_branches (run_id, branch, path) VALUES (?, ?, ?)",
+                      (run_id, branch, path))
+
+    def run_finished(self, run_id: str) -> None:
+        """Every branch of the run ended (or its caller stopped it): nothing of it is owed."""
+        self._execute("DELETE FROM workflow_runs WHERE id = ?", (run_id,))
+
+    def run_resumed(self, run_id: str) -> None:
+        self._execute("UPDATE workflow_runs SET restarts = restarts + 1 WHERE id = ?", (run_id,))
+
+    def pending_runs(self) -> list[JournaledRun]:
+        """Every workflow run with branches still owed, in the order they started."""
+        runs = self._rows("SELECT id, session, owner, source, seeds, saves_workflow, accepted_at, restarts"
+                          " FROM workflow_runs ORDER BY accepted_at, rowid")
+        ended: dict[str, dict[int, str | None]] = {}
+        for run_id, branch, path in self._rows("SELECT run_id, branch, path FROM workflow_branches"):
+            ended.setdefault(run_id, {})[branch] = path
+        return [JournaledRun(row[0], row[1], row[2], row[3], json.loads(row[4]), bool(row[5]), row[6], row[7],
+                             ended.get(row[0], {})) for row in runs]
+
     # ------------------------------------------------------------------ video jobs
     def add_video_job(self, job_id: str, owner: str, params: GenerationParams, fps: int, created_at: float) -> None:
         self._execute("INSERT INTO video_jobs (id, owner, params, fps, created_at) VALUES (?, ?, ?, ?, ?)",
@@ -189,4 +236,4 @@ class StudioStore:
     def counts(self) -> dict[str, int]:
         """Rows per table (for logs and benchmarks)."""
         return {table: self._rows(f"SELECT count(*) FROM {table}")[0][0]
-                for table in ("accepted", "video_jobs", "history")}
+                for table in ("accepted", "video_jobs", "history", "workflow_runs", "workflow_branches")}

@@ -38,13 +38,14 @@ import asyncio
 import itertools
 import random
 import threading
+import time
 import uuid
 from dataclasses import replace
 from typing import AsyncIterator
 
 from PIL import Image
 
-from engine import AdmissionError, EngineClient, EngineClosedError, GenerationParams
+from engine import AdmissionError, Completed, EngineClient, EngineClosedError, GenerationParams, Timings
 from pipelines.errors import ParamError
 from studio.tracker import (
     ABORTED,
@@ -77,13 +78,18 @@ def _random_sampler_seeds(compiled: CompiledWorkflow) -> dict[str, int]:
 
 
 class WorkflowRun:
-    def __init__(self, engine: EngineClient, compiled: CompiledWorkflow, session_id: str, preview_every: int = 0) -> None:
+    def __init__(self, engine: EngineClient, compiled: CompiledWorkflow, session_id: str, preview_every: int = 0,
+                 *, run_id: str | None = None, seeds: dict[str, int] | None = None,
+                 ended_before: dict[int, Image.Image | None] | None = None) -> None:
+        """`run_id`, `seeds` and `ended_before` resume a run from before a restart: its id, the seed
+        each sampler drew then, and the branches that had ended (with their picture, or None when
+        they ended without one); those are not run again."""
         self.engine = engine
         self.compiled = compiled
         self.session_id = session_id
-        self.run_id = uuid.uuid4().hex
+        self.run_id = run_id or uuid.uuid4().hex
         self.sequence = next(_RUN_SEQUENCE)  # start order of runs in this process
-        seeds = _random_sampler_seeds(compiled)
+        self.seeds = seeds = {**_random_sampler_seeds(compiled), **(seeds or {})}
         problems: list[Problem] = []
         prepared: dict[int, GenerationParams] = {}
         for branch in compiled.branches:
@@ -103,6 +109,9 @@ class WorkflowRun:
         # Written only on the run's event loop: each event replaces its branch's view.
         self.branches: list[BranchView] = [BranchView(b, prepared[b.index], Status.waiting(prepared[b.index]))
                                            for b in compiled.branches]
+        self.ended_before = {i for i in (ended_before or {}) if 0 <= i < len(self.branches)}
+        for index in self.ended_before:
+            self.branches[index] = _ended_before_restart(self.branches[index], ended_before[index])
         self._children: dict[int, list[int]] = {}
         for branch in compiled.branches:
             if branch.parent is not None:
@@ -157,7 +166,8 @@ class WorkflowRun:
         try:
             self._apply_cancels()
             self._make_pictures([b.branch.index for b in self.branches
-                                 if b.branch.start is not None and b.branch.parent is None])
+                                 if b.branch.start is not None and not b.is_finished
+                                 and (b.branch.parent is None or self.branches[b.branch.parent].result is not None)])
             self._submit_more()
             self._count_waiting()
             await self._draw_grids()
@@ -336,6 +346,16 @@ class WorkflowRun:
                 states = {i: cell_word(self.branches[i]) for i in members}
                 stale.append((layout, finished, images, states))
         return stale
+
+
+def _ended_before_restart(view: BranchView, picture: Image.Image | None) -> BranchView:
+    """A branch that ended before a restart: completed with its saved picture (a later stage
+    starts from it), or ended without one."""
+    if picture is None:
+        return replace(view, status=view.status.stopped(ABORTED, "ended before the studio restarted"))
+    now = time.time()
+    result = Completed((picture,), view.params.seed, view.params, Timings(now, now, now))
+    return replace(view, status=replace(view.status, state=COMPLETED, step=view.status.total, result=result))
 
 
 def _with_stand_in_pictures(branch: Branch, params: GenerationParams,

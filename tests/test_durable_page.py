@@ -1,0 +1,70 @@
+"""The page across a crash, in Chromium: a Simple-tab batch queued in a real `python app.py`, the
+process killed mid-run, started again on the same folder and port: the returning browser reads
+"The studio restarted; 3 of your requests were resumed." and its History holds all 4 results, once."""
+
+from __future__ import annotations
+
+import signal
+import socket
+
+from tests.browser_helpers import BROWSER_MARKS, browser, shot, sync_api  # noqa: F401 (fixture)
+from tests.test_durable_restart import count, rows
+from tests.test_http_api import wait_until
+from tests.test_reliability_app import app_process
+
+pytestmark = BROWSER_MARKS
+
+STEPS = 10
+SEED = 500
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def open_simple_tab(context, url: str):
+    page = context.new_page()
+    page.goto(url)
+    page.get_by_role("tab", name="Simple").click()
+    page.wait_for_selector("#ss-generate")
+    return page
+
+
+def test_a_returning_browser_is_told_what_was_resumed_and_finds_every_result(browser, tmp_path):
+    outputs = tmp_path / "outputs"
+    database = outputs / "studio.db"
+    port = str(free_port())  # the same origin after the restart: the browser keeps its History token
+    studio_args = ("--port", port, "--outputs", str(outputs), "--max-steps", str(STEPS), "--max-per-session", "1")
+    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    try:
+        with app_process(*studio_args, step_delay_s=0.2) as first:
+            url = first.url()
+            page = open_simple_tab(context, url)
+            page.uncheck("#ss-random-seed input")
+            page.fill("#ss-seed input", str(SEED))
+            page.fill("#ss-steps input[type=number]", str(STEPS))
+            page.press("#ss-steps input[type=number]", "Enter")
+            page.fill("#ss-batch-count input[type=number]", "4")
+            page.press("#ss-batch-count input[type=number]", "Enter")
+            page.fill("#ss-prompt textarea", "a batch that outlives its process")
+            page.click("#ss-generate")
+            wait_until(lambda: count(database, "workflow_branches") == 1, timeout=300, what="the first result")
+            first.process.send_signal(signal.SIGKILL)
+            first.process.wait(60)
+        assert count(database, "workflow_runs") == 1 and count(database, "history") == 1
+
+        with app_process(*studio_args, step_delay_s=0.01) as second:
+            page = open_simple_tab(context, second.url())
+            banner = page.locator("#ss-restart-banner")
+            banner.wait_for(state="visible")
+            assert banner.inner_text().startswith("The studio restarted; 3 of your requests were resumed.")
+            wait_until(lambda: count(database, "workflow_runs") == 0, timeout=300, what="the resumed batch")
+            page.get_by_role("tab", name="History").click()
+            page.wait_for_function("document.querySelectorAll('#ss-history img').length === 4")
+            shot(page, "browser-restart-banner")
+    finally:
+        context.close()
+    seeds = sorted(int(text.split("Seed: ", 1)[1].split(",")[0]) for (text,) in rows(database, "SELECT parameters FROM history"))
+    assert seeds == [SEED, SEED + 1, SEED + 2, SEED + 3]
