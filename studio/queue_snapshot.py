@@ -7,6 +7,7 @@ page's queue table (studio.page.queue_view) follows the same rules.
 from __future__ import annotations
 
 import time
+from collections.abc import Container
 
 from engine import EngineSnapshot, RequestView
 
@@ -24,8 +25,9 @@ def visible_prompt(view: RequestView, viewer_session: str | None, show_prompts: 
     return HIDDEN_PROMPT
 
 
-def request_as_dict(view: RequestView, viewer_session: str | None, show_prompts: bool, now: float) -> dict:
-    """One request for the /queue API (no session ids)."""
+def request_as_dict(view: RequestView, viewer_session: str | None, show_prompts: bool, now: float,
+                    resumed: Container[str] = ()) -> dict:
+    """One request for the /queue API (no session ids). `resumed`: the requests run again after a restart."""
     return {
         "request_id": view.request_id if view.session_id == viewer_session else short_id(view.request_id),
         "mine": view.session_id == viewer_session,
@@ -38,17 +40,19 @@ def request_as_dict(view: RequestView, viewer_session: str | None, show_prompts:
         "waited_s": round(view.waited_s(now), 3),
         "eta_s": None if view.eta_s is None else round(view.eta_s, 3),
         "batch_mates": [short_id(mate) for mate in view.batch_mates],
+        "resumed_after_restart": view.request_id in resumed,  # run again from step 0 after the studio restarted
     }
 
 
 def snapshot_as_dict(
-    snapshot: EngineSnapshot, viewer_session: str | None, show_prompts: bool, now: float | None = None
+    snapshot: EngineSnapshot, viewer_session: str | None, show_prompts: bool, now: float | None = None,
+    resumed: Container[str] = (),
 ) -> dict:
     """The whole snapshot for the /queue API: requests plus engine figures."""
     stats = snapshot.stats
     now = time.perf_counter() if now is None else now
     return {
-        "requests": [request_as_dict(v, viewer_session, show_prompts, now) for v in snapshot.requests],
+        "requests": [request_as_dict(v, viewer_session, show_prompts, now, resumed) for v in snapshot.requests],
         "engine": {
             "mode": stats.mode,
             "max_batch_requests": stats.max_batch_requests,  # requests per forward (a CFG request has 2 rows)

@@ -131,3 +131,13 @@ def test_the_live_views_are_sent_to_a_tab_only_when_they_changed(monkeypatch):
     finally:
         gate.release()
         engine.close()
+
+
+def test_a_request_run_again_after_a_restart_says_so_in_the_table_and_in_queue_json(live_snapshot):
+    snapshot, alice_id, bob_id = live_snapshot
+    page = render_queue(snapshot, viewer_session="alice", resumed={bob_id})
+    bob_row = re.search(rf"<tr data-request='{short_id(bob_id)}'>(.*?)</tr>", page).group(1)
+    alice_row = re.search(rf"data-request='{short_id(alice_id)}'>(.*?)</tr>", page).group(1)
+    assert "<td>waiting · resumed after restart</td>" in bob_row and "<td>running</td>" in alice_row
+    listed = snapshot_as_dict(snapshot, "alice", show_prompts=False, resumed={bob_id})["requests"]
+    assert {r["request_id"]: r["resumed_after_restart"] for r in listed} == {alice_id: False, short_id(bob_id): True}

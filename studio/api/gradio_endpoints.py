@@ -33,6 +33,7 @@ from studio.queue_snapshot import snapshot_as_dict
 from studio.server.temp_files import TempFolder
 from studio.sessions import cancel_own_request, session_id_of
 from studio.store.durable import DurableRequests, finish_image
+from studio.store.recovery import ResumeReport
 from studio.tracker import COMPLETED, FAILED, RequestTracker, Status
 from studio.user_errors import engine_errors_as_gradio, user_error
 
@@ -42,9 +43,9 @@ LORAS_LABEL = 'loras (optional: [{"name": NAME, "scale": 1.0}], adapters loaded 
 
 
 def wire_api_endpoints(engine: EngineClient, config: StudioOptions, store: OutputStore,
-                       durable: DurableRequests) -> None:
+                       durable: DurableRequests, resumed: ResumeReport | None = None) -> None:
     """`durable`: what follows every accepted request to its end (its result saved even when the
-    caller went; resumed after a restart)."""
+    caller went; resumed after a restart). `resumed`: what a restart ran again (/queue says so)."""
     accept = _acceptor(store, durable)
     image_models = [name for name, info in engine.infos.items() if info.output_kind == "image"]
     video_models = [name for name, info in engine.infos.items() if info.output_kind == "video"]
@@ -267,7 +268,8 @@ def _wire_cancel_and_queue(engine: EngineClient, config: StudioOptions) -> None:
 
     def queue(request: gr.Request) -> dict:
         """The engine's queue and figures now; your requests have "mine": true and full ids."""
-        return snapshot_as_dict(engine.snapshot(), session_id_of(request), config.show_prompts)
+        return snapshot_as_dict(engine.snapshot(), session_id_of(request), config.show_prompts,
+                                resumed=() if resumed is None else resumed.request_ids)
 
     gr.api(cancel, api_name="cancel", queue=False)
     gr.api(queue, api_name="queue", queue=False)

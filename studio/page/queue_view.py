@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import time
+from collections.abc import Container
 
 from engine import EngineSnapshot, RequestView
 from studio.queue_snapshot import short_id, visible_prompt
@@ -62,7 +63,11 @@ def _batch_cell(view: RequestView, mine_ids: set[str]) -> str:
     return html.escape(", ".join(names))
 
 
-def _row(view: RequestView, viewer_session: str | None, show_prompts: bool, mine_ids: set[str], now: float) -> str:
+RESUMED = " · resumed after restart"
+
+
+def _row(view: RequestView, viewer_session: str | None, show_prompts: bool, mine_ids: set[str], now: float,
+         resumed: Container[str]) -> str:
     mine = view.session_id == viewer_session
     prompt = visible_prompt(view, viewer_session, show_prompts)
     cells = (
@@ -70,7 +75,7 @@ def _row(view: RequestView, viewer_session: str | None, show_prompts: bool, mine
         "you" if mine else "–",
         html.escape(view.model or "–"),
         f'<div class="ss-prompt" title="{html.escape(prompt)}">{html.escape(prompt)}</div>',
-        view.state,
+        view.state + (RESUMED if view.request_id in resumed else ""),
         _progress_cell(view),
         "–" if view.position is None else str(view.position),
         format_seconds(view.waited_s(now)),
@@ -95,14 +100,16 @@ def render_stats(snapshot: EngineSnapshot) -> str:
 
 
 def render_queue(
-    snapshot: EngineSnapshot, viewer_session: str | None, show_prompts: bool = False, now: float | None = None
+    snapshot: EngineSnapshot, viewer_session: str | None, show_prompts: bool = False, now: float | None = None,
+    resumed: Container[str] = (),
 ) -> str:
-    """The queue table (HTML) as the viewer may see it. `now`: perf_counter time for waited times."""
+    """The queue table (HTML) as the viewer may see it. `now`: perf_counter time for waited times;
+    `resumed`: the requests run again after a restart (their state says so)."""
     now = time.perf_counter() if now is None else now
     mine_ids = {v.request_id for v in snapshot.requests if v.session_id == viewer_session}
     header = "".join(f"<th>{name}</th>" for name in COLUMNS)
     if snapshot.requests:
-        body = "".join(_row(v, viewer_session, show_prompts, mine_ids, now) for v in snapshot.requests)
+        body = "".join(_row(v, viewer_session, show_prompts, mine_ids, now, resumed) for v in snapshot.requests)
     else:
         body = f'<tr><td class="ss-empty" colspan="{len(COLUMNS)}">no requests right now</td></tr>'
     return (

@@ -62,7 +62,7 @@ def resume_runs(runner, report: ResumeReport, max_age_s: float) -> threading.Thr
         return None
     log.info("resuming %d workflow runs from before the restart (%d branches)", len(resumed),
              sum(sum(not b.is_finished for b in run.branches) for run, _, _ in resumed))
-    thread = threading.Thread(target=asyncio.run, args=(_follow_all(runner, resumed),),
+    thread = threading.Thread(target=asyncio.run, args=(_follow_all(runner, resumed, report),),
                               name="stepstudio-resumed-runs", daemon=True)
     thread.start()
     return thread
@@ -79,14 +79,14 @@ def _saved_pictures(journaled: JournaledRun) -> dict[int, Image.Image | None]:
     return pictures
 
 
-async def _follow_all(runner, resumed: list) -> None:
-    await asyncio.gather(*(_follow(runner, run, compiled, journaled) for run, compiled, journaled in resumed))
+async def _follow_all(runner, resumed: list, report: ResumeReport) -> None:
+    await asyncio.gather(*(_follow(runner, run, compiled, journaled, report) for run, compiled, journaled in resumed))
 
 
-async def _follow(runner, run, compiled, journaled: JournaledRun) -> None:
+async def _follow(runner, run, compiled, journaled: JournaledRun, report: ResumeReport) -> None:
     workflow = compiled.workflow.to_json() if journaled.saves_workflow else None
     try:
-        async for _ in runner.follow(run, journaled.owner, workflow, resumed=True):
-            pass
+        async for view in runner.follow(run, journaled.owner, workflow, resumed=True):
+            report.request_ids.update(b.request_id for b in view.branches if b.request_id)
     except Exception as error:  # noqa: BLE001 - a stop under it (it stays owed), or one run's own fault
         log.info("resumed workflow run %s ended early: %s", run.run_id, error)

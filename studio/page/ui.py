@@ -17,6 +17,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Container
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,6 +111,7 @@ class LiveViews:
     engine: EngineClient
     show_prompts: bool
     refresh_s: float
+    resumed_ids: Container[str] = ()  # requests run again after a restart (ResumeReport.request_ids)
     sent: SentViews = field(default_factory=SentViews)
 
     @property
@@ -134,7 +136,7 @@ class LiveViews:
         if last is not None and not final and now - last.streamed_at < self.refresh_s:
             return None, None  # a run's stream sent them less than a refresh period ago
         snapshot = self.engine.snapshot()
-        queue = render_queues(snapshot, session, self.show_prompts)
+        queue = render_queues(snapshot, session, self.show_prompts, self.resumed_ids)
         graph = render_graph(snapshot, self.engine.infos, session)
         resend = last is None or (not from_stream and now - last.resent_at >= RESEND_S)
         self.sent.put(session, Sent(
@@ -145,14 +147,14 @@ class LiveViews:
                 graph if resend or hash(graph) != last.graph else None)
 
 
-def render_queues(snapshot, session: str, show_prompts: bool) -> str:
+def render_queues(snapshot, session: str, show_prompts: bool, resumed: Container[str] = ()) -> str:
     """The queue table; with engine replicas (serve/), one table per replica under its label: their
     snapshot then carries `replicas`, (label, that replica's EngineSnapshot) pairs."""
     parts = getattr(snapshot, "replicas", ())
     if not parts:
-        return render_queue(snapshot, session, show_prompts)
+        return render_queue(snapshot, session, show_prompts, resumed=resumed)
     return "".join(f'<div class="ss-replica" data-replica="{html.escape(label)}"><b>{html.escape(label)}</b>'
-                   f"{render_queue(part, session, show_prompts)}</div>" for label, part in parts)
+                   f"{render_queue(part, session, show_prompts, resumed=resumed)}</div>" for label, part in parts)
 
 
 def _plural(count: int, word: str) -> str:
@@ -169,11 +171,12 @@ def _build_header(engine: EngineClient) -> None:
     )
 
 
-def _build_live_views(engine: EngineClient, config: StudioOptions) -> LiveViews:
+def _build_live_views(engine: EngineClient, config: StudioOptions, resumed: ResumeReport | None) -> LiveViews:
     with gr.Accordion("Pipeline and queue (live, all sessions)", open=True):
         graph = gr.HTML("", elem_id="ss-graph")
         queue = gr.HTML("", elem_id="ss-queue")
-    return LiveViews(gr.Timer(config.queue_refresh_s), graph, queue, engine, config.show_prompts, config.queue_refresh_s)
+    return LiveViews(gr.Timer(config.queue_refresh_s), graph, queue, engine, config.show_prompts, config.queue_refresh_s,
+                     () if resumed is None else resumed.request_ids)
 
 
 def _wire_live_views(views: LiveViews) -> None:
@@ -213,13 +216,13 @@ def build_ui(engine: EngineClient, config: StudioOptions, store: OutputStore | N
                 form, panel = build_simple_tab(engine, config)
             with gr.Tab("History", id="history", elem_id="ss-tab-history") as history_page:
                 history = build_history_tab(store)
-        views = _build_live_views(engine, config)
+        views = _build_live_views(engine, config, resumed)
         wire_workflow_tab(runner, workflow_tab, browser_token, views)
         wire_simple_tab(runner, results, form, panel, browser_token, views)
         wire_history_tab(engine, store, history, history_page, browser_token, form, workflow_tab.editor, tabs, demo)
         _wire_live_views(views)
         wire_restart_banner(banner, resumed, store.owners, browser_token, demo)
-        wire_api_endpoints(engine, config, store, durable)
+        wire_api_endpoints(engine, config, store, durable, resumed)
         wire_workflow_api(runner)
 
         def forget_tab(request: gr.Request) -> None:

@@ -38,6 +38,7 @@ class ResumeReport:
 
     resumed_by_owner: Counter = field(default_factory=Counter)  # history owner -> requests resumed
     dropped: int = 0  # too old, or no longer valid for this server
+    request_ids: set[str] = field(default_factory=set)  # the engine requests run again (the queue says so)
 
     @property
     def resumed(self) -> int:
@@ -77,6 +78,7 @@ def _resume_all(engine, durable, outputs, video_jobs, waiting_jobs, pending, max
         if handle is None:  # the engine is closing: what is left stays accepted for the next start
             return
         entry = durable.store.resumed(entry)
+        report.request_ids.add(handle.request_id)
         if job is not None:
             job.attach(handle, entry.restarts)
             video_jobs.follow(job, entry)
