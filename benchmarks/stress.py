@@ -23,9 +23,11 @@ in this process. Each worker thread sends a random mix:
 Invariants (the run fails loudly if one breaks):
 
 - every call is answered (an HTTP status or a gradio result/error) within its timeout: 0 hangs;
-- every kind of call gets only the answers it should (EXPECTED): hostile input is refused (a 4xx
-  or gr.Error, never accepted, never a 5xx), a fault fails with its message, a forged History
-  token lists nothing, a cancelled job's sibling completes;
+- every kind of call gets only the answers it should (EXPECTED; benchmarks/stress_callers.py
+  reads each answer): hostile input is refused under its own field (a 4xx naming it or a gr.Error
+  that starts with it; never taken, never a 5xx), every fault fires and fails with its own message
+  (a 500 is right only as that fault's generation_failed), a forged History token lists nothing,
+  a cancelled job's sibling completes;
 - every request the engine accepted sent exactly one final event, and the engine's counters
   agree: submitted == completed + aborted + failed;
 - nothing is left in the engine: no request in flight, no request state, an empty queue view;

@@ -51,34 +51,90 @@ class Endpoints:
         return cls(endpoint("generate"), endpoint("ui_history_refresh"), endpoint("ui_history_open"))
 
 
-# ---------------------------------------------------------------------------- callers
-def _classify_http(status: int, body: str) -> str:
+# ---------------------------------------------------------------------------- what an answer means
+@dataclass(frozen=True)
+class Asked:
+    """What a call asked for that decides its one right answer."""
+
+    n: int = 1  # images asked for
+    fault: str | None = None  # the fault injected (one of FAULTS)
+    hostile: str | None = None  # the form field sent out of bounds (a HOSTILE field)
+
+
+# Where each hostile field is refused: the HTTP error's `param`, the start of the page's message.
+HOSTILE_PARAM = {"width": "size", "height": "size", "steps": "num_inference_steps"}
+HOSTILE_NAME = {"width": "width", "height": "height", "steps": "num_inference_steps"}
+
+
+def fault_message(fault: str) -> str:
+    """What the engine's Failed says for an injected fault (in the HTTP error and the gr.Error)."""
+    if fault == "[nan]":
+        return "latents became NaN or infinite"
+    return f"injected failure in {fault.removeprefix('[fail:').removesuffix(']')} for this prompt"
+
+
+def http_answer(response, asked: Asked) -> str:
+    """Only what the API promises counts: OpenAI's error JSON, one image per `n`, a hostile value
+    refused under its own field, a fault's 500 generation_failed with the fault's own message.
+    Anything else is "wrong": any other 500, an error that is not OpenAI's, hostile input accepted."""
+    try:
+        payload = response.json()
+    except ValueError:
+        return "wrong"
+    status = response.status_code
     if status == 200:
-        return "completed"
+        data = payload.get("data") if isinstance(payload, dict) else None
+        made = isinstance(data, list) and len(data) == asked.n and all(item.get("b64_json") for item in data)
+        return "completed" if made and asked.hostile is None and asked.fault is None else "wrong"
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if not isinstance(error, dict) or not error.get("message") or not error.get("code"):
+        return "wrong"
     if 400 <= status < 500:
-        return "rejected"
-    if status == 503 and "request_aborted" in body:
+        named = asked.hostile is None or error.get("param") == HOSTILE_PARAM[asked.hostile]
+        return "rejected" if named else "wrong"
+    if status == 503 and error["code"] == "request_aborted":
         return "aborted"
-    if status in (500, 503):
+    if (status == 500 and error["code"] == "generation_failed" and asked.fault is not None
+            and fault_message(asked.fault) in error["message"]):
         return "failed"
     return "wrong"
 
 
+def gradio_error_answer(text: str, asked: Asked) -> str:
+    """A gr.Error is right for a fault (its own message) and for a hostile value (naming the
+    field); for anything else it is "wrong"."""
+    if asked.fault is not None:
+        return "failed" if fault_message(asked.fault) in text else "wrong"
+    if asked.hostile is not None:
+        return "rejected" if text.startswith(HOSTILE_NAME[asked.hostile]) else "wrong"
+    return "wrong"
+
+
+def door_answer(status: int) -> str:
+    """Gradio's door refuses a malformed call with a 4xx; a 5xx, or taking it, is wrong."""
+    return "rejected" if 400 <= status < 500 else "wrong"
+
+
+# ---------------------------------------------------------------------------- callers
 def call_http(url: str, rng: random.Random, kind: str) -> Outcome:
     import httpx
 
     body: dict = {"prompt": f"stress {rng.random():.6f}", "num_inference_steps": rng.randint(1, 12),
                   "size": rng.choice(["32x32", "64x64"]), "n": rng.choice([1, 1, 1, 2])}
+    asked = Asked(n=body["n"])
     if kind == "fault":
-        body["prompt"] += " " + rng.choice(FAULTS)
+        asked = Asked(n=body["n"], fault=rng.choice(FAULTS))
+        body["prompt"] += " " + asked.fault
+        body["num_inference_steps"] = rng.randint(3, 12)  # "[nan]" strikes at step 2: every fault fires
     elif kind == "hostile":
         field_, value = rng.choice(HOSTILE)
+        asked = Asked(n=body["n"], hostile=field_)
         if field_ == "steps":
             body["num_inference_steps"] = value
         else:
             body["size"] = f"{value}x64" if isinstance(value, int) else str(value)
     response = httpx.post(url + "v1/images/generations", json=body, timeout=CALL_TIMEOUT_S)
-    return Outcome(kind, "http", _classify_http(response.status_code, response.text), str(response.status_code))
+    return Outcome(kind, "http", http_answer(response, asked), f"{response.status_code} {response.text[:140]}")
 
 
 def call_http_disconnect(url: str, rng: random.Random) -> Outcome:
@@ -92,23 +148,28 @@ def call_http_disconnect(url: str, rng: random.Random) -> Outcome:
     return Outcome("http_disconnect", "http", "disconnected")
 
 
-def gradio_arguments(rng: random.Random, kind: str) -> dict:
+def gradio_arguments(rng: random.Random, kind: str) -> tuple[dict, Asked]:
     arguments = dict(prompt=f"page {rng.random():.6f}", negative_prompt="", width=rng.choice([32, 64]),
                      height=64, steps=rng.randint(1, 12), guidance_scale=1.0, seed=-1)
+    asked = Asked()
     if kind == "fault":
-        arguments["prompt"] += " " + rng.choice(FAULTS)
+        asked = Asked(fault=rng.choice(FAULTS))
+        arguments["prompt"] += " " + asked.fault
+        arguments["steps"] = rng.randint(3, 12)  # "[nan]" strikes at step 2: every fault fires
     elif kind == "hostile":
         field_, value = rng.choice(HOSTILE)
+        asked = Asked(hostile=field_)
         arguments[field_] = value
     elif kind == "gradio_cancel":
         arguments["steps"] = rng.randint(20, 50)
-    return arguments
+    return arguments, asked
 
 
 def call_gradio(client, rng: random.Random, kind: str) -> Outcome:
     from gradio_client.exceptions import AppError
 
-    job = client.submit(**gradio_arguments(rng, kind), api_name="/generate")
+    arguments, asked = gradio_arguments(rng, kind)
+    job = client.submit(**arguments, api_name="/generate")
     if kind == "gradio_cancel":
         deadline = time.monotonic() + CALL_TIMEOUT_S
         request_id = None
@@ -119,15 +180,15 @@ def call_gradio(client, rng: random.Random, kind: str) -> Outcome:
         if request_id is not None:
             client.predict(request_id, api_name="/cancel")
     try:
-        status = job.result(timeout=CALL_TIMEOUT_S)[0]
+        status, _, image = job.result(timeout=CALL_TIMEOUT_S)
     except AppError as error:
-        text = str(error)
-        return Outcome(kind, "gradio", "rejected" if "not accepted" in text.lower() or "must be" in text
-                       or "above this server" in text or "out of range" in text else "failed", text[:120])
+        return Outcome(kind, "gradio", gradio_error_answer(str(error), asked), str(error)[:120])
     except TimeoutError:
         return Outcome(kind, "gradio", "hang")
-    return Outcome(kind, "gradio", {"completed": "completed", "aborted": "aborted"}.get(status["state"], "wrong"),
-                   status["state"])
+    if asked.fault is not None or asked.hostile is not None:  # a fault that never fired, hostile input taken
+        return Outcome(kind, "gradio", "wrong", f"{status['state']}: {arguments}"[:160])
+    answer = {"completed": "completed" if image else "wrong", "aborted": "aborted"}.get(status["state"], "wrong")
+    return Outcome(kind, "gradio", answer, f"{status['state']} {image!r:.60}")
 
 
 def call_gradio_disconnect(url: str, rng: random.Random, endpoint: Endpoint) -> Outcome:
@@ -221,12 +282,12 @@ def call_door(url: str, client, rng: random.Random, kind: str, endpoints: Endpoi
                     f'"session_hash": "{session}"}}')
             path = rng.choice(["gradio_api/queue/join", "gradio_api/run/generate", "gradio_api/call/generate"])
             answer = http.post(path, content=body, headers={"content-type": "application/json"})
-            return Outcome(kind, "gradio", _classify_http(answer.status_code, answer.text), f"{path} {answer.status_code}")
+            return Outcome(kind, "gradio", door_answer(answer.status_code), f"{path} {answer.status_code}")
         if kind == "empty_hash":
             data = list(endpoints.generate.defaults)
             answer = http.post("gradio_api/queue/join", json={"data": data, "fn_index": endpoints.generate.fn_index,
                                                               "session_hash": rng.choice(["", None, 7])})
-            return Outcome(kind, "gradio", _classify_http(answer.status_code, answer.text), str(answer.status_code))
+            return Outcome(kind, "gradio", door_answer(answer.status_code), str(answer.status_code))
         if kind == "crafted_png":
             which, content = crafted_png(rng)
             uploaded = http.post("gradio_api/upload", files={"files": ("crafted.png", content, "image/png")})
