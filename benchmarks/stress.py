@@ -198,7 +198,7 @@ def worker(url: str, endpoints: Endpoints, count: int, seed: int, first: tuple[s
     from gradio_client import Client
 
     rng = random.Random(seed)
-    client = Client(url, verbose=False)
+    client = Client(url, verbose=False, httpx_kwargs={"timeout": CALL_TIMEOUT_S})
     for number in range(count):
         kind = first[number] if number < len(first) else rng.choices(KINDS, WEIGHTS)[0]
         via_gradio = kind.startswith("gradio") or (kind in ("fault", "hostile") and rng.random() < 0.5)
@@ -231,7 +231,7 @@ def crash_phase(url: str, engine, server) -> dict:
     from gradio_client.exceptions import AppError
 
     answers: dict = {}
-    client = Client(url, verbose=False)
+    client = Client(url, verbose=False, httpx_kwargs={"timeout": CALL_TIMEOUT_S})
     job = client.submit(prompt="waits for the crash", negative_prompt="", width=64, height=64, steps=50,
                         guidance_scale=1.0, seed=1, api_name="/generate")
 
