@@ -21,7 +21,7 @@ import httpx
 import pytest
 from gradio_client.exceptions import AppError
 
-from tests.studio_helpers import connect
+from tests.studio_helpers import START_TIMEOUT_S, connect, wait_until_serving
 from tests.test_http_api import assert_openai_error, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,27 +85,16 @@ class AppProcess:
     def output(self) -> str:
         return "".join(self.lines)
 
-    def url(self, timeout_s: float = 600) -> str:
-        """Where the studio serves, once its port answers; its output if it dies first. The cap
-        only stops a hung start: two studios loading at once on a busy machine have taken over
-        a minute."""
+    def url(self, timeout_s: float = START_TIMEOUT_S) -> str:
+        """Where the studio serves, once its port answers; its output if it dies first."""
         wait_until(lambda: "serving on" in self.output or self.process.poll() is not None, timeout=timeout_s,
                    what="the studio to start")
         match = re.search(r"serving on (http://\S+/)", self.output)
         assert match, self.output
         url = match.group(1)
         # The line is logged as the server starts; it answers a moment later.
-        wait_until(lambda: self._answers(url) or self.process.poll() is not None, timeout=timeout_s,
-                   what="the studio to answer")
-        assert self.process.poll() is None, self.output
+        wait_until_serving(self.process, url, lambda: self.output, timeout_s)
         return url
-
-    @staticmethod
-    def _answers(url: str) -> bool:
-        try:
-            return httpx.get(url + "healthz", timeout=5).status_code == 200
-        except httpx.TransportError:
-            return False
 
     def wait(self, timeout_s: float = 30) -> int:
         code = self.process.wait(timeout_s)
