@@ -125,7 +125,7 @@ def call_http(url: str, rng: random.Random, kind: str) -> Outcome:
     if kind == "fault":
         asked = Asked(n=body["n"], fault=rng.choice(FAULTS))
         body["prompt"] += " " + asked.fault
-        body["num_inference_steps"] = rng.randint(3, 12)  # "[nan]" strikes at step 2: every fault fires
+        body["num_inference_steps"] = max(3, body["num_inference_steps"])  # "[nan]" strikes at step 2: every fault fires
     elif kind == "hostile":
         field_, value = rng.choice(HOSTILE)
         asked = Asked(n=body["n"], hostile=field_)
@@ -155,7 +155,7 @@ def gradio_arguments(rng: random.Random, kind: str) -> tuple[dict, Asked]:
     if kind == "fault":
         asked = Asked(fault=rng.choice(FAULTS))
         arguments["prompt"] += " " + asked.fault
-        arguments["steps"] = rng.randint(3, 12)  # "[nan]" strikes at step 2: every fault fires
+        arguments["steps"] = max(3, arguments["steps"])  # "[nan]" strikes at step 2: every fault fires
     elif kind == "hostile":
         field_, value = rng.choice(HOSTILE)
         asked = Asked(hostile=field_)
