@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
+import httpx
 from gradio_client import Client
 
 from engine import Engine
@@ -57,3 +60,26 @@ def wait_for(predicate, timeout_s: float = 20.0, what: str = "condition"):
             return value
         time.sleep(0.01)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+# A studio in its own process imports torch and Gradio and loads its model before it answers: on
+# a loaded 2-core machine (two such starts at once, beside a training run) that has taken well over
+# a minute. The cap only ends a start that hangs; a process that dies is reported at once.
+START_TIMEOUT_S = 600
+
+
+def wait_until_serving(process: subprocess.Popen, url: str, output: Callable[[], str] = lambda: "",
+                       timeout_s: float = START_TIMEOUT_S, healthy: Callable[[httpx.Response], bool] | None = None):
+    """Wait until the studio at `url` answers GET /healthz with a 200 (and `healthy(response)`, when
+    given), or fail as soon as `process` has ended, with the end of its `output`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert process.poll() is None, f"the studio exited with status {process.returncode}:\n{output()[-4000:]}"
+        try:
+            response = httpx.get(url.rstrip("/") + "/healthz", timeout=5)
+            if response.status_code == 200 and (healthy is None or healthy(response)):
+                return
+        except httpx.HTTPError:
+            pass  # not listening yet
+        assert time.monotonic() < deadline, f"{url} did not answer in {timeout_s:.0f} s:\n{output()[-4000:]}"
+        time.sleep(0.2)  # pacing between polls, not a wait for anything

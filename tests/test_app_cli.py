@@ -11,6 +11,7 @@ import app
 from engine import Engine, GenerationParams
 from studio.config import StudioOptions
 from studio.server.app import for_engine, http_api_config
+from tests.studio_helpers import START_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,7 +92,7 @@ def test_bad_options_and_a_model_that_cannot_be_loaded_exit_with_status_2():
                  for name, args in commands.items()}
     errors = {}
     for name, process in processes.items():
-        _, stderr = process.communicate(timeout=300)
+        _, stderr = process.communicate(timeout=START_TIMEOUT_S)  # it exits once its imports are done
         assert process.returncode == 2, (name, stderr[-2000:])
         assert "Traceback" not in stderr, stderr
         errors[name] = stderr.strip().splitlines()[-1]

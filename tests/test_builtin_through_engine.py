@@ -9,8 +9,9 @@ import pytest
 from engine import Completed, Engine, GenerationParams, Progress
 from pipelines.loader import BUILTIN_MODEL_DIR, load_pipeline
 from tests.test_builtin_checkpoint import PROMPTS  # every shape, size and position
-from tools.evaluate_builtin import evaluate_images
+from tools.evaluate_builtin import ATTRIBUTES, evaluate_images
 from tools.evaluate_engine import engine_images, stock_images
+from tools.shapes_world import example_prompts
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +56,14 @@ def test_engine_pixels_equal_the_stock_pipeline():
     stock = stock_images(BUILTIN_MODEL_DIR, prompts, seed=7)
     for a, b in zip(ours, stock):
         assert np.abs(np.asarray(a, np.int16) - np.asarray(b, np.int16)).max() <= 1
+
+
+@pytest.mark.slow
+def test_the_documented_scores_120_prompts_through_the_engine_all_right():
+    """docs/models.md's table: 120 prompts (`example_prompts(120, seed=1234)`, seed 1234 + i), the
+    model's serving defaults, the engine in step mode at batch 8 score 1.00 on every attribute
+    (`python -m tools.evaluate_engine --prompts 120`)."""
+    prompts = example_prompts(120, seed=1234)
+    images = engine_images(BUILTIN_MODEL_DIR, prompts, seed=1234, max_batch=8)
+    scores = evaluate_images(list(zip(prompts, images)))
+    assert {attribute: scores[attribute] for attribute in ATTRIBUTES} == dict.fromkeys(ATTRIBUTES, 1.0), scores

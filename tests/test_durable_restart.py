@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.studio_helpers import connect
+from tests.studio_helpers import START_TIMEOUT_S, connect
 from tests.test_http_api import wait_until
 from tests.test_reliability_app import ROOT, app_process, in_flight
 
@@ -102,7 +102,7 @@ def test_a_database_the_studio_cannot_use_stops_it_with_status_2_and_a_way_out(t
     holder.execute("BEGIN EXCLUSIVE")  # another program holds the database's write lock
     try:
         processes = {folder.name: _start_exit_status(folder) for folder in (truncated, newer, locked, foreign)}
-        results = {name: (process.wait(120), process.stdout.read()) for name, process in processes.items()}
+        results = {name: (process.wait(START_TIMEOUT_S), process.stdout.read()) for name, process in processes.items()}
     finally:
         holder.close()
     assert {name: code for name, (code, _) in results.items()} == dict.fromkeys(processes, 2), results

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.stress import Endpoints, crafted_png
+from benchmarks.stress_callers import Endpoints, crafted_png
 from engine import Engine
 from pipelines.toy import ToyPipeline
 from studio.api.http_routes import ImageGenerationRequest

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from benchmarks.stress import crafted_pngs
+from benchmarks.stress_callers import crafted_pngs
 from engine import Completed, GenerationParams, Timings
 from pipelines.toy import ToyPipeline
 from studio.outputs import OutputStore, UnreadablePng, parse_infotext, png_texts

@@ -9,11 +9,11 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
+
+from tests.studio_helpers import wait_until_serving
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -46,20 +46,13 @@ def quick_start_server(tmp_path_factory):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     outputs = tmp_path_factory.mktemp("outputs")
-    process = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--outputs", str(outputs)],
-                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = tmp_path_factory.mktemp("quick-start") / "app.log"
+    with open(log, "w") as written:
+        process = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--outputs", str(outputs)],
+                                   cwd=ROOT, stdout=subprocess.DEVNULL, stderr=written)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
     try:
-        while True:
-            assert process.poll() is None, process.stderr.read().decode()[-3000:]
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the quick-start server did not start in 120 s"
-            time.sleep(0.2)
+        wait_until_serving(process, url, log.read_text)
         yield url
     finally:
         process.terminate()

@@ -14,23 +14,30 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from gradio_client.exceptions import AppError
 
-from tests.studio_helpers import connect
+from tests.studio_helpers import START_TIMEOUT_S, connect, wait_until_serving
 from tests.test_http_api import assert_openai_error, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
+TEARDOWN_RAN = "PYTHON'S FINAL TEARDOWN RAN\n"
 # `python app.py` (app.main_then_exit) with the toy model (slowed down), "toy-video" (the toy
 # model as a video model: every frame is its image) and, on request, a tunnel that can't be opened.
 _LAUNCH = """
+import os
 import sys
 from dataclasses import replace
+
+class TeardownWitness:  # speaks if Python's final teardown frees it: app.main_then_exit skips that teardown
+    def __del__(self, write=os.write):
+        write(1, TEARDOWN_RAN.encode())
+
+teardown_witness = TeardownWitness()
 
 import app
 from pipelines.interface import ModelDefaults
@@ -62,7 +69,7 @@ def no_tunnel(host, port):
 app.load_model = load_model
 app.open_share_link = no_tunnel
 app.main_then_exit(sys.argv[2:])
-"""
+""".replace("TEARDOWN_RAN", repr(TEARDOWN_RAN))
 
 
 class AppProcess:
@@ -85,27 +92,16 @@ class AppProcess:
     def output(self) -> str:
         return "".join(self.lines)
 
-    def url(self, timeout_s: float = 600) -> str:
-        """Where the studio serves, once its port answers; its output if it dies first. The cap
-        only stops a hung start: two studios loading at once on a busy machine have taken over
-        a minute."""
+    def url(self, timeout_s: float = START_TIMEOUT_S) -> str:
+        """Where the studio serves, once its port answers; its output if it dies first."""
         wait_until(lambda: "serving on" in self.output or self.process.poll() is not None, timeout=timeout_s,
                    what="the studio to start")
         match = re.search(r"serving on (http://\S+/)", self.output)
         assert match, self.output
         url = match.group(1)
         # The line is logged as the server starts; it answers a moment later.
-        wait_until(lambda: self._answers(url) or self.process.poll() is not None, timeout=timeout_s,
-                   what="the studio to answer")
-        assert self.process.poll() is None, self.output
+        wait_until_serving(self.process, url, lambda: self.output, timeout_s)
         return url
-
-    @staticmethod
-    def _answers(url: str) -> bool:
-        try:
-            return httpx.get(url + "healthz", timeout=5).status_code == 200
-        except httpx.TransportError:
-            return False
 
     def wait(self, timeout_s: float = 30) -> int:
         code = self.process.wait(timeout_s)
@@ -140,10 +136,12 @@ def workflow_with_steps(steps: int) -> dict:
     return workflow
 
 
-def test_sigterm_answers_every_caller_and_exits_0_within_seconds():
+def test_sigterm_answers_every_caller_and_exits_0_without_pythons_teardown():
     """8 calls of every kind in flight (400 steps of 50 ms each, previews on): each gets the
-    documented error and the process exits 0 within 3 s (it took 6-15 s before: Python's own
-    teardown of torch and Gradio after "stopped", and answers queued behind previews)."""
+    documented error and the process exits 0 as soon as its exit handlers are done, skipping
+    Python's final teardown of torch's and Gradio's objects (which took 3-10 s after "stopped"). The
+    teardown is seen by a witness object that speaks if it is freed, not by a clock: the time taken
+    depends on the machine's load (docs/reliability.md gives the figures measured here)."""
     steps = 400
     with app_process("--port", "0", "--model", "toy-video", "--max-steps", str(steps), "--preview-every", "2",
                      "--max-per-session", "64", "--max-session-cost", "100000") as studio:
@@ -166,14 +164,12 @@ def test_sigterm_answers_every_caller_and_exits_0_within_seconds():
                    for _ in range(8)])
         wait_until(lambda: in_flight(url) == 40, timeout=60, what="all 40 requests in flight")
 
-        started = time.monotonic()
         studio.process.send_signal(signal.SIGTERM)
         code = studio.wait()
-        took = time.monotonic() - started
         for call in http_calls:
             call.join(30)
         assert code == 0, studio.output
-        assert took < 3, f"the studio took {took:.1f} s to stop"
+        assert TEARDOWN_RAN not in studio.output, "Python's final teardown ran after the studio stopped"
         assert len(http_answers) == 8
         for answer in http_answers:
             assert_openai_error(answer, 503, code="shutting_down")

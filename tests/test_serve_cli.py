@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install -e '.[serve]')")
 
 from studio.server.app import free_port  # noqa: E402
-from tests.studio_helpers import wait_for  # noqa: E402
+from tests.studio_helpers import wait_for, wait_until_serving  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -37,15 +37,9 @@ def test_app_replicas_serves_the_studio_and_stops_cleanly_on_sigterm(tmp_path):
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}/"
 
-    def healthy() -> bool:
-        assert process.poll() is None, (tmp_path / "app.log").read_text()[-4000:]
-        try:
-            return httpx.get(base + "healthz", timeout=2).json().get("status") == "ok"
-        except (httpx.HTTPError, ValueError):
-            return False
-
     try:
-        wait_for(healthy, timeout_s=420, what="python app.py --replicas 2")
+        wait_until_serving(process, base, (tmp_path / "app.log").read_text,
+                           healthy=lambda response: response.json().get("status") == "ok")
         response = httpx.post(base + "v1/images/generations", json={"prompt": "a red circle", "n": 2, "seed": 9},
                               timeout=120)
         assert response.status_code == 200, response.text

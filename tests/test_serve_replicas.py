@@ -14,6 +14,7 @@ Needs the `serve` extra (pip install -e '.[serve]'); skipped without it.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -75,6 +76,23 @@ def _metric(engine, name: str, replica: str) -> float:
     return values[0]
 
 
+def _step_buckets(engine, replica: str) -> dict[float, float]:
+    """`replica`'s stepstudio_step_seconds histogram (a step: one forward and its updates): bound -> count."""
+    counts = {}
+    for line in engine.metrics.exposition().decode().splitlines():
+        if line.startswith("stepstudio_step_seconds_bucket{") and f'replica="{replica}"' in line:
+            counts[float(re.search(r'le="([^"]+)"', line).group(1))] = float(line.rsplit(" ", 1)[1])
+    assert counts, replica
+    return counts
+
+
+def _slowest_step_since(before: dict[float, float], after: dict[float, float]) -> float:
+    """The upper bound of the slowest step timed between two readings of a step histogram: the
+    smallest bucket that holds every step since (the smallest bucket when none ran)."""
+    since = {bound: after[bound] - before.get(bound, 0) for bound in after}
+    return min(bound for bound, count in since.items() if count == since[float("inf")])
+
+
 def test_the_facade_describes_the_replicas_model_and_limits(engine):
     assert (engine.info.name, engine.mode, engine.max_batch_requests, engine.limits.max_per_session) == ("toy", "step", 4, 3)
     assert sorted(report.replica for report in engine.replicas) == ["replica 0", "replica 1"]
@@ -126,6 +144,7 @@ def test_a_cancel_reaches_the_replica_and_frees_its_slot_within_a_step(engine):
             break
     replica = engine.replica_of(handle.request_id)
     engine.refresh()
+    steps_before = _step_buckets(engine, replica)
     cancels_before = _metric(engine, "stepstudio_cancel_latency_seconds_count", replica)
     latency_before = _metric(engine, "stepstudio_cancel_latency_seconds_sum", replica)
     aborted_before = dict(engine.snapshot().replicas)[replica].stats.finished.get("aborted", 0)
@@ -142,9 +161,13 @@ def test_a_cancel_reaches_the_replica_and_frees_its_slot_within_a_step(engine):
         assert time.monotonic() < deadline, "the replica never aborted the request"
     assert handle.request_id not in [view.request_id for view in part.requests]
     assert _metric(engine, "stepstudio_cancel_latency_seconds_count", replica) == cancels_before + 1
-    # Its own measure, from the cancel reaching the engine to the slot freed: at most one step.
-    step_s = part.stats.stages.denoise_step_s
-    assert _metric(engine, "stepstudio_cancel_latency_seconds_sum", replica) - latency_before <= 1.5 * step_s
+    # Its own measure, from the cancel reaching the engine to the slot freed: at most one step. It
+    # is held against the replica's own slowest step while the cancel was on its way (the step
+    # histogram's smallest bucket holding every step since just before the cancel), not against a
+    # fixed time or the mean: a loaded machine slows both alike.
+    latency = _metric(engine, "stepstudio_cancel_latency_seconds_sum", replica) - latency_before
+    slowest = _slowest_step_since(steps_before, _step_buckets(engine, replica))
+    assert latency <= slowest, (latency, slowest)
 
 
 def test_requests_join_the_replica_running_their_batch_key_until_its_batch_is_full(engine):

@@ -27,12 +27,11 @@ from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 from studio.server.app import free_port  # noqa: E402
-from tests.studio_helpers import connect, statuses, wait_for  # noqa: E402
+from tests.studio_helpers import connect, statuses, wait_for, wait_until_serving  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-START_TIMEOUT_S = 420  # Ray, Serve, and two replicas loading the model on a busy 2-core machine
 LONG = 400  # steps of a request that is still running when the test acts on it
 
 
@@ -74,15 +73,8 @@ def studio(tmp_path_factory):
                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}/"
 
-    def healthy():
-        assert process.poll() is None, (folder / "serve.log").read_text()[-4000:]
-        try:
-            return httpx.get(base + "healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     try:
-        wait_for(healthy, timeout_s=START_TIMEOUT_S, what="the Serve application")
+        wait_until_serving(process, base, (folder / "serve.log").read_text)
         yield base
     finally:
         process.send_signal(signal.SIGINT)  # `serve run` then shuts the application, Serve and Ray down

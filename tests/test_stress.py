@@ -31,10 +31,14 @@ def stress(tmp_path: Path, requests: int, workers: int, seed: int) -> dict:
 def _check(report: dict, requests: int) -> None:
     assert report["problems"] == []
     assert sum(report["answers"].values()) == requests
-    # Each kind of call got only what it should: hostile input refused (never accepted, never a
-    # 5xx), faults failed, forged History tokens listed nothing, a cancelled job's sibling done.
+    # Each kind of call got only what it should (benchmarks/stress_callers.py says what an answer
+    # means): hostile input refused under its own field (never taken, never a 5xx), each fault
+    # failed with its own message (a 500 that is not the fault's generation_failed is wrong),
+    # forged History tokens listed nothing, a cancelled job's sibling done.
+    assert sum(sum(answers.values()) for answers in report["by_kind"].values()) == requests
     for kind, answers in report["by_kind"].items():
         assert set(answers) <= EXPECTED[kind], (kind, answers)
+    assert "wrong" not in report["answers"] and "hang" not in report["answers"], report["answers"]
     assert report["tracebacks"]["unexpected"] == 0, report["tracebacks"]["examples"]
     engine = report["engine"]
     # Every request the engine took ended exactly once, and nothing is left behind.
@@ -50,7 +54,9 @@ def _check(report: dict, requests: int) -> None:
 def test_a_short_stress_run_keeps_every_invariant(tmp_path):
     report = stress(tmp_path, requests=100, workers=8, seed=1)
     _check(report, 100)
-    # The mix really had each kind of caller in it, and each kind's expected answer.
+    # The mix really had each kind of caller in it, by each way in (faults and hostile input both
+    # over HTTP and through gradio_client), and each kind's expected answer.
+    assert set(report["by_kind"]) == set(EXPECTED)
     assert {kind.partition("/")[0] for kind in report["by_kind"]} == set(KINDS)
     assert {"completed", "rejected", "failed", "aborted", "disconnected", "listed nothing"} <= set(report["answers"])
     assert report["tracebacks"]["injected"] > 0  # the faults did fire, and were told apart
