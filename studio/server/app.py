@@ -74,7 +74,7 @@ def http_api_config(config: StudioOptions) -> HttpApiConfig:
     # The HTTP API answers a slow body with its own 408 (10 s), before the connection's deadline
     # (request_timeout_s) would hang up without an answer.
     body_timeout_s = min(HttpApiConfig.body_timeout_s, config.request_timeout_s / 2)
-    return HttpApiConfig(api_keys=config.http_api_keys, body_timeout_s=body_timeout_s)
+    return HttpApiConfig(api_keys=config.http_api_keys, body_timeout_s=body_timeout_s, admin_key=config.admin_key)
 
 
 def build_app(engine: EngineClient, config: StudioOptions, store: StudioStore | None = None) -> fastapi.FastAPI:
@@ -114,6 +114,10 @@ def build_app(engine: EngineClient, config: StudioOptions, store: StudioStore | 
     app.state.gradio_app = server_compat.mounted_gradio_app(app)
     server_compat.check_installed(demo, app.state.gradio_app)  # a Gradio internal gone: an error naming it, now
     app.state.store = outputs.index
+    if config.start_paused:  # before the resumed work is queued: none of it may start
+        engine.pause_engine()
+        log.info("the engine is paused (--start-paused): requests queue and none starts until an operator "
+                 "resumes it (POST /v1/admin/resume with the --admin-key)")
     app.state.resumed = resume_accepted(engine, durable, outputs, router.video_jobs, config.resume_max_age_s)
     return app
 
