@@ -24,10 +24,13 @@ def queue_state(engine: EngineClient, session_id: str) -> dict:
     }
 
 
+def engine_paused_message() -> str:
+    return "the studio is paused by its operator: nothing new starts until it is resumed"
+
+
 def _state_message(paused: bool, engine_paused: bool) -> str:
     if engine_paused:
-        return ("the studio is paused by its operator: nothing new starts until it is resumed"
-                + ("; your queue is paused too" if paused else ""))
+        return engine_paused_message() + ("; your queue is paused too" if paused else "")
     if paused:
         return "your queue is paused: your queued requests wait; resume to start them"
     return "your queue runs"

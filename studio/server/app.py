@@ -92,6 +92,10 @@ def build_app(engine: EngineClient, config: StudioOptions, store: StudioStore | 
     router = build_router(engine, api_config, attempts, outputs=outputs,
                           video_jobs=video_jobs_for(api_config, outputs, durable))
     app.include_router(router)
+    if config.start_paused:  # before the page is built (it says so) and the resumed work is queued
+        engine.pause_engine()
+        log.info("the engine is paused (--start-paused): requests queue and none starts until an operator "
+                 "resumes it (POST /v1/admin/resume with the --admin-key)")
     demo = build_demo(engine, config, outputs, durable)
     app.state.demo = demo
     app.state.engine = engine
@@ -114,10 +118,6 @@ def build_app(engine: EngineClient, config: StudioOptions, store: StudioStore | 
     app.state.gradio_app = server_compat.mounted_gradio_app(app)
     server_compat.check_installed(demo, app.state.gradio_app)  # a Gradio internal gone: an error naming it, now
     app.state.store = outputs.index
-    if config.start_paused:  # before the resumed work is queued: none of it may start
-        engine.pause_engine()
-        log.info("the engine is paused (--start-paused): requests queue and none starts until an operator "
-                 "resumes it (POST /v1/admin/resume with the --admin-key)")
     app.state.resumed = resume_accepted(engine, durable, outputs, router.video_jobs, config.resume_max_age_s)
     return app
 
