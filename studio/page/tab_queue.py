@@ -25,7 +25,7 @@ TABS_KEPT = 512  # tabs whose results are kept in memory (the oldest go first)
 TAB_QUEUE_CSS = """
 .ss-jobs { display: flex; flex-direction: column; gap: 3px; font-size: 0.85rem; min-height: 2.4rem; }
 .ss-jobs .ss-empty { opacity: 0.7; font-style: italic; }
-.ss-job { display: grid; grid-template-columns: minmax(8rem, 1fr) 9rem 10rem 1.4rem 1.4rem; gap: 8px; align-items: center;
+.ss-job { display: grid; grid-template-columns: minmax(8rem, 1fr) 9rem 15rem 1.4rem 1.4rem; gap: 8px; align-items: center;
   padding: 3px 6px; border-radius: 6px; background: var(--background-fill-secondary); }
 .ss-job progress { width: 100%; height: 10px; }
 .ss-job .ss-job-prompt { white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
