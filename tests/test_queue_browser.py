@@ -86,3 +86,29 @@ def test_pause_move_to_front_resume_and_clear_from_the_simple_tab(page, studio):
     assert third not in pipeline.encoded and not [f for f in pipeline.forward_log if third in f]
     shot(page, "queue-cleared")
     page.click("#ss-resume-queue")
+
+
+def test_the_editors_pause_holds_a_run_and_resume_finishes_it(studio, browser):
+    _, engine, pipeline = studio
+    context = browser.new_context(viewport={"width": 1500, "height": 1200})
+    errors: list[str] = []
+    page = context.new_page()
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        page.goto(studio[0].url)
+        page.wait_for_selector("#ss-node-editor .drawflow-node")  # the editor is the default tab
+        page.click("#sse-pause-queue")
+        page.wait_for_function("() => document.querySelector('#sse-queue-note').textContent.includes('paused')")
+        forwards = len(pipeline.forward_log)
+        page.click("[data-action='run']")
+        page.wait_for_function("() => [...document.querySelectorAll('.sse-branch .sse-branch-step')]"
+                               ".some(el => el.textContent === 'paused')", timeout=30000)
+        assert len(pipeline.forward_log) == forwards  # nothing of the run has started
+        assert engine.snapshot().waiting and all(v.paused == "session" for v in engine.snapshot().waiting)
+        shot(page, "editor-paused")
+        page.click("#sse-resume-queue")
+        page.wait_for_selector(".sse-root[data-run-state='completed']", timeout=30000)
+        assert len(pipeline.forward_log) > forwards
+    finally:
+        context.close()
+    assert errors == [], f"JavaScript errors on the page: {errors}"
