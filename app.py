@@ -27,6 +27,7 @@ from studio.config import (
     StudioOptions,
     parse_api_key,
     parse_auth,
+    read_admin_key_file,
     read_api_keys_file,
 )
 
@@ -129,6 +130,16 @@ def build_parser() -> argparse.ArgumentParser:
                              "the HTTP API wants one and each key is its own session")
     server.add_argument("--api-keys-file", default=None, metavar="PATH",
                         help="a file of NAME:KEY lines, as --api-key (keeps keys out of the process list)")
+    server.add_argument("--admin-key", default=None, metavar="KEY",
+                        help="the operator's key for /v1/admin/pause and /v1/admin/resume (pause the whole "
+                             "engine for maintenance: nothing new starts, running requests finish); without it "
+                             "those routes answer 404")
+    server.add_argument("--admin-key-file", default=None, metavar="PATH",
+                        help="a file whose first line is the admin key, as --admin-key (keeps it out of the "
+                             "process list)")
+    server.add_argument("--start-paused", action="store_true",
+                        help="start with the engine paused: requests queue, none starts until an operator "
+                             "resumes it (POST /v1/admin/resume)")
     outputs = parser.add_argument_group("outputs")
     outputs.add_argument("--outputs", default=defaults.outputs, metavar="DIR",
                          help="save every finished image (PNG with its settings) and video (MP4) here; "
@@ -170,6 +181,8 @@ def config_from_args(args: argparse.Namespace) -> StudioOptions:
         loras=tuple(LoraOption.parse(text) for text in args.lora or []), lora_folder=args.loras,
         api_keys=tuple([parse_api_key(text) for text in args.api_key or []]
                        + (read_api_keys_file(args.api_keys_file) if args.api_keys_file else [])),
+        admin_key=read_admin_key_file(args.admin_key_file) if args.admin_key_file else args.admin_key,
+        start_paused=args.start_paused,
     )
 
 
@@ -306,6 +319,9 @@ def run_replicas(parser: argparse.ArgumentParser, args: argparse.Namespace, conf
         parser.error("--replicas must be >= 0 and --replica-threads >= 1.")
     if config.share:
         parser.error("--share is not available with --replicas.")
+    if config.start_paused or config.admin_key:
+        parser.error("--start-paused and --admin-key are not available with --replicas (each replica queues its own "
+                     "requests; pausing them is not built yet).")
     try:
         from serve.local import run_local, serve_settings_for
     except ImportError as exc:

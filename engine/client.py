@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 from engine.events import RequestHandle
 from engine.limits import ServingLimits
 from engine.models import ModelSet
+from engine.pauses import PauseState
 from engine.request import PreparedRequest
 from engine.snapshot import EngineSnapshot
 from pipelines.interface import PipelineInfo
@@ -79,6 +80,33 @@ class EngineClient(Protocol):
 
     def cancel(self, request_id: str, session_id: str | None = None, *, admin: bool = False) -> bool:
         """Abort at the next step boundary; PermissionError for another session's request."""
+
+    # ------------------------------------------------------------------ queues (engine.queue_control)
+    def pause_queue(self, session_id: str, *, abort_running: bool = False) -> None:
+        """Stop admitting the session's waiting requests; `abort_running` also aborts its running ones."""
+
+    def resume_queue(self, session_id: str) -> None:
+        """Admit the session's waiting requests again."""
+
+    def move_request(self, request_id: str, session_id: str, *, before: str | None = None) -> bool:
+        """Move one of the session's waiting requests to the front of its queue (or before another of
+        its own); PermissionError for another session's request, False for an unknown one."""
+
+    def clear_queue(self, session_id: str, *, include_running: bool = False) -> int:
+        """Abort the session's waiting (and, with `include_running`, running) requests; how many."""
+
+    def pause_engine(self) -> None:
+        """An operator's pause: nothing new starts; running requests finish."""
+
+    def resume_engine(self) -> None:
+        """Lift the operator's pause."""
+
+    def pause_reason(self, session_id: str) -> str:
+        """Why the session's waiting requests don't start: "", "session" or "engine"."""
+
+    @property
+    def pause_state(self) -> PauseState:
+        """The engine's pause and the paused sessions, as of now."""
 
     # ------------------------------------------------------------------ watching
     def snapshot(self) -> EngineSnapshot:

@@ -1,6 +1,7 @@
 """The embedded engine: one thread that owns the scheduler, the request states and the device.
 
-Other threads talk to it only through a command queue (submit, cancel, stop) and read
+Other threads talk to it only through a command queue (submit, cancel, stop, and the queue
+commands of engine.queue_control: pause, resume, move, clear) and read
 what it publishes (request handles' events, snapshots, metrics). Its loop is the three
 calls of vLLM's EngineCore.step: schedule -> execute -> update.
 
@@ -29,6 +30,8 @@ from engine.events import Failed, RequestHandle, deliver_pending
 from engine.limits import EngineClosedError, ServingLimits
 from engine.metrics import EngineMetrics
 from engine.models import ModelBatchKey, ModelSet
+from engine.pauses import Pauses
+from engine.queue_control import QUEUE_COMMANDS, QueueControl
 from engine.request import PreparedRequest, Request, RequestStatus
 from engine.runner import ModelRunner
 from engine.scheduler import Mode, Scheduler
@@ -63,7 +66,7 @@ class _Stop:
 SHUTDOWN_REASON = "the engine was shut down"
 
 
-class Engine:
+class Engine(QueueControl):
     """Serve many generation requests by advancing them one co-batched denoise step at a time.
 
     >>> engine = Engine(pipeline, mode="step", max_batch_requests=8); engine.start()
@@ -88,7 +91,8 @@ class Engine:
         self._limits = {name: (limits or ServingLimits()).resolved_for(info) for name, info in self.models.infos.items()}
         self.limits = self._limits[self.models.default]
         self.metrics = EngineMetrics()
-        self._scheduler = Scheduler(mode=mode, max_batch_requests=max_batch_requests)
+        self._pauses = Pauses()  # paused queues (engine.queue_control): callers write, the scheduler reads
+        self._scheduler = Scheduler(mode=mode, max_batch_requests=max_batch_requests, pauses=self._pauses)
         self._runner = ModelRunner(self.models.pipelines)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -263,7 +267,8 @@ class Engine:
     # ------------------------------------------------------------------ engine thread
     def _loop(self) -> None:
         try:
-            while self._handle_commands(block=not self._scheduler.has_work):
+            # Block while nothing can step: idle, or everything left waits in paused queues.
+            while self._handle_commands(block=not self._scheduler.can_run):
                 self._step()
                 if self._stopping:  # the stop came in during the step
                     break
@@ -297,6 +302,8 @@ class Engine:
                 if self._scheduler.abort(command.request_id, command.reason):
                     self._runner.free(self._scheduler.take_freed())
                     self.metrics.cancel_latency.observe(time.perf_counter() - command.requested_at)
+            elif isinstance(command, QUEUE_COMMANDS):
+                self._apply_queue_command(command)
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:

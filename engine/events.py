@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Queued:
     position: int  # 1 = next to be admitted
+    paused: str = ""  # why it can't start now: "" | "session" (its queue is paused) | "engine" (all are)
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ class Request:
 
     # --- written only by the scheduler ---
     status: RequestStatus = RequestStatus.WAITING
+    queue_rank: int = 0  # its place in its session's order (arrival order until the session moves it)
     steps_done: int = 0
     submitted_at: float = 0.0
     started_at: float | None = None

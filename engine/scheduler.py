@@ -13,7 +13,11 @@ It is the only place that changes a request's status. Policy:
 - Request mode: once a group of up to `max_batch_requests` requests is admitted it runs
   alone until all of its members finish (the classic "one batch at a time" server).
 - Admission is fair across sessions: sessions take turns (fewest requests running first,
-  then the one admitted least recently), each session's own requests in arrival order.
+  then the one admitted least recently), each session's own requests in its own order (arrival
+  order, unless the session moved one: `move`; other sessions' order is never touched).
+- Paused queues (`engine.pauses`): a paused session's waiting requests, or every waiting request
+  while the engine is paused, are not admitted; they keep their place and are listed after the
+  ones that can start, each told why it waits (`Queued.paused`). Running requests go on.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Hashable, Literal
 
 from engine.events import Aborted, Completed, Failed, Progress, Queued, Started, Timings
+from engine.pauses import Pauses
 from engine.request import Request, RequestStatus
 
 Mode = Literal["step", "request"]
@@ -70,15 +75,20 @@ class _Group:
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
 
+    def can_run(self, pauses: Pauses) -> bool:
+        """Whether this group has a step to run now: running requests, or waiting ones not paused."""
+        return bool(self.running) or any(not pauses.reason(r.session_id) for r in self.waiting)
+
 
 class Scheduler:
-    def __init__(self, mode: Mode = "step", max_batch_requests: int = 8) -> None:
+    def __init__(self, mode: Mode = "step", max_batch_requests: int = 8, pauses: Pauses | None = None) -> None:
         if mode not in ("step", "request"):
             raise ValueError(f"mode={mode!r} is not supported: use 'step' or 'request'.")
         if isinstance(max_batch_requests, bool) or not isinstance(max_batch_requests, int) or max_batch_requests < 1:
             raise ValueError(f"max_batch_requests={max_batch_requests!r} must be an integer of at least 1.")
         self.mode: Mode = mode
         self.max_batch_requests = max_batch_requests  # requests per forward (a CFG request has 2 rows)
+        self.pauses = pauses or Pauses()  # read at every admission; changed by callers' threads
         self.requests: dict[str, Request] = {}  # every unfinished request
         self._groups: dict[Hashable, _Group] = {}
         self._groups_created = 0
@@ -87,13 +97,18 @@ class Scheduler:
         self._admissions = 0
         self._freed: list[str] = []  # running requests ended outside a step: the runner frees them
         self._finished: list[Request] = []  # ended since the last take_finished()
-        self._last_position: dict[str, int] = {}
+        self._last_position: dict[str, tuple[int, str]] = {}  # request id -> (position, why paused)
         self.current_batch: tuple[str, ...] = ()
 
     # ---------------------------------------------------------------- queries
     @property
     def has_work(self) -> bool:
         return bool(self.requests)
+
+    @property
+    def can_run(self) -> bool:
+        """Whether a step would run now (False while everything left waits in paused queues)."""
+        return any(group.can_run(self.pauses) for group in self._groups.values())
 
     @property
     def num_waiting(self) -> int:
@@ -104,17 +119,20 @@ class Scheduler:
         return sum(len(g.running) for g in self._groups.values())
 
     def waiting_order(self) -> list[Request]:
-        """Waiting requests in the order they would be admitted (1st = position 1)."""
-        return self._admission_order([r for g in self._groups.values() for r in g.waiting])
+        """Waiting requests in the order they would be admitted (1st = position 1); those in paused
+        queues after all that can start, in the order they would start once resumed."""
+        order = self._admission_order([r for g in self._groups.values() for r in g.waiting])
+        return [r for r in order if not self.pauses.reason(r.session_id)] + \
+               [r for r in order if self.pauses.reason(r.session_id)]
 
     def _admission_order(self, waiting: list[Request]) -> list[Request]:
         """Round-robin over sessions, so one session's twenty requests can't block another's one."""
         by_session: dict[str, list[Request]] = {}
-        for request in sorted(waiting, key=lambda r: r.arrival_index):
+        for request in sorted(waiting, key=lambda r: r.queue_rank):
             by_session.setdefault(request.session_id, []).append(request)
         sessions = sorted(
             by_session,
-            key=lambda s: (self._running_by_session.get(s, 0), self._last_admitted.get(s, -1), by_session[s][0].arrival_index),
+            key=lambda s: (self._running_by_session.get(s, 0), self._last_admitted.get(s, -1), by_session[s][0].queue_rank),
         )
         order: list[Request] = []
         for turn in range(max((len(q) for q in by_session.values()), default=0)):
@@ -124,6 +142,7 @@ class Scheduler:
     # ---------------------------------------------------------------- commands
     def add(self, request: Request) -> None:
         request.submitted_at = request.submitted_at or time.perf_counter()
+        request.queue_rank = request.arrival_index
         self.requests[request.request_id] = request
         group = self._groups.get(request.batch_key)
         if group is None:
@@ -137,6 +156,38 @@ class Scheduler:
     def abort(self, request_id: str, reason: str, cause: str = "cancelled") -> bool:
         """End a waiting or running request now (we are between steps). False if already ended."""
         return self._end(request_id, RequestStatus.FINISHED_ABORTED, Aborted(reason, cause=cause))
+
+    def move(self, request_id: str, before_id: str | None = None) -> bool:
+        """Put a waiting request first in its session's order (`before_id` None) or just before
+        another waiting request of the same session. Only that session's requests change places:
+        they swap the ranks they hold, so every other session keeps its turns. False (nothing
+        moves) when either request is not waiting or they belong to different sessions."""
+        request = self.requests.get(request_id)
+        before = self.requests.get(before_id) if before_id is not None else None
+        if request is None or request.status != RequestStatus.WAITING:
+            return False
+        if before_id is not None and (before is None or before.status != RequestStatus.WAITING
+                                      or before.session_id != request.session_id):
+            return False
+        own = sorted((r for g in self._groups.values() for r in g.waiting if r.session_id == request.session_id),
+                     key=lambda r: r.queue_rank)
+        ranks = [r.queue_rank for r in own]
+        if before is not request:  # "before itself" leaves it where it is
+            own.remove(request)
+            own.insert(0 if before is None else own.index(before), request)
+        for rank, mine in zip(ranks, own):
+            mine.queue_rank = rank
+        self._publish_positions()
+        return True
+
+    def session_requests(self, session_id: str, running: bool) -> list[str]:
+        """The ids of a session's waiting requests (and its running ones, with `running`)."""
+        return [r.request_id for r in self.requests.values() if r.session_id == session_id
+                and (r.status == RequestStatus.WAITING or (running and r.status == RequestStatus.RUNNING))]
+
+    def publish_positions(self) -> None:
+        """Tell waiting requests their place again (after a pause or resume changed it)."""
+        self._publish_positions()
 
     def fail(self, request_id: str, message: str, stage: str = "engine") -> bool:
         """End a waiting or running request with an error now. False if already ended."""
@@ -181,7 +232,8 @@ class Scheduler:
         may_admit = self.mode == "step" or not group.running
         if may_admit:
             free_slots = self.max_batch_requests - len(group.running)
-            for request in self._admission_order(group.waiting)[: max(free_slots, 0)]:
+            startable = [r for r in group.waiting if not self.pauses.reason(r.session_id)]
+            for request in self._admission_order(startable)[: max(free_slots, 0)]:
                 new.append(request)
                 self._admit(group, request)
         batch = tuple(group.running[: self.max_batch_requests])
@@ -201,7 +253,8 @@ class Scheduler:
             for key, group in self._groups.items():
                 if group.running:
                     return key
-        with_work = [(group.served, group.created, key) for key, group in self._groups.items() if group.has_work]
+        with_work = [(group.served, group.created, key) for key, group in self._groups.items()
+                     if group.can_run(self.pauses)]
         return min(with_work, key=lambda entry: entry[:2])[2] if with_work else None
 
     def _admit(self, group: _Group, request: Request) -> None:
@@ -274,6 +327,7 @@ class Scheduler:
     def _publish_positions(self) -> None:
         """Tell each waiting request its queue position when it changed."""
         for position, request in enumerate(self.waiting_order(), start=1):
-            if self._last_position.get(request.request_id) != position:
-                self._last_position[request.request_id] = position
-                request.handle.emit(Queued(position=position))
+            place = (position, self.pauses.reason(request.session_id))
+            if self._last_position.get(request.request_id) != place:
+                self._last_position[request.request_id] = place
+                request.handle.emit(Queued(position=position, paused=place[1]))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.activity import EngineActivity
+from engine.pauses import PauseState
 from engine.request import RequestStatus
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ class RequestView:
     batch: tuple[str, ...]  # request ids of the forward it is in now (shared tuple, includes itself)
     eta_s: float | None
     model: str = ""  # the loaded model that makes it
+    paused: str = ""  # while waiting: why it can't start ("session": its queue is paused; "engine": all are)
 
     @property
     def batch_mates(self) -> tuple[str, ...]:
@@ -71,6 +73,7 @@ class EngineSnapshot:
     taken_at: float
     requests: tuple[RequestView, ...]
     stats: EngineStats
+    pauses: PauseState = PauseState()  # the engine's pause and the paused sessions
 
     @property
     def waiting(self) -> tuple[RequestView, ...]:
@@ -84,6 +87,7 @@ class EngineSnapshot:
 def build_snapshot(scheduler: "Scheduler", activity: EngineActivity) -> EngineSnapshot:
     """The queue view of every unfinished request plus the engine figures, as of now."""
     now = time.perf_counter()
+    pauses = scheduler.pauses.state
     step_s = activity.stage_means["denoise_step_s"]
     batch = set(scheduler.current_batch)
     groups = max(1, len({r.batch_key for r in scheduler.requests.values()}))
@@ -112,7 +116,7 @@ def build_snapshot(scheduler: "Scheduler", activity: EngineActivity) -> EngineSn
     ahead_steps = sum(r.total_steps - r.steps_done for r in running)
     for position, request in enumerate(scheduler.waiting_order(), start=1):
         eta = None
-        if step_s is not None:
+        if step_s is not None and not pauses.reason(request.session_id):  # a paused one has no ETA
             eta = (ahead_steps / scheduler.max_batch_requests + request.total_steps) * step_s
         views.append(
             RequestView(
@@ -128,6 +132,7 @@ def build_snapshot(scheduler: "Scheduler", activity: EngineActivity) -> EngineSn
                 started_at=None,
                 batch=(),
                 eta_s=eta,
+                paused=pauses.reason(request.session_id),
             )
         )
         ahead_steps += request.total_steps
@@ -143,4 +148,4 @@ def build_snapshot(scheduler: "Scheduler", activity: EngineActivity) -> EngineSn
         stages=StageStats(**activity.stage_means),
         stages_by_model={model: StageStats(**means) for model, means in activity.stage_means_by_model.items()},
     )
-    return EngineSnapshot(taken_at=now, requests=tuple(views), stats=stats)
+    return EngineSnapshot(taken_at=now, requests=tuple(views), stats=stats, pauses=pauses)

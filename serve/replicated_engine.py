@@ -23,6 +23,7 @@ Every member of the interface behaves as on one engine, with these differences:
   starts another, and new requests go to the replicas that are up. Nothing waits forever:
   every call to a replica has a deadline, and a dead replica's streams raise at once.
 - `snapshot()` and `metrics` are what the replicas reported at most `refresh_s` ago.
+- Queue control (pause, move, clear) is not offered: serve/queue_control.py says why.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from engine.models import ModelSet
 from pipelines.interface import PipelineInfo
 from serve.board import ReplicaBoard, ReplicatedSnapshot
 from serve.flight import Flight
+from serve.queue_control import QueueControlUnavailable
 from serve.remote_pipeline import RemotePipeline
 from serve.replicated_metrics import ReplicatedMetrics
 from serve.settings import REFRESH_S
@@ -79,7 +81,7 @@ class ReplicasUnavailableError(QueueFullError):
     """No engine replica answered in time (all busy starting, or being replaced): try again."""
 
 
-class ReplicatedEngine:
+class ReplicatedEngine(QueueControlUnavailable):
     def __init__(self, handle, *, refresh_s: float = REFRESH_S, call_timeout_s: float = 10.0,
                  start_timeout_s: float = 600.0) -> None:
         self._handle = handle  # DeploymentHandle of the EngineReplica deployment
@@ -155,9 +157,7 @@ class ReplicatedEngine:
         """At least one replica's engine runs, and this facade is open."""
         return self._thread.is_alive() and not self._ledger.closed and self._board.live_count > 0
 
-    @property
-    def accepting(self) -> bool:
-        return not self._ledger.closed
+    accepting = property(lambda self: not self._ledger.closed)
 
     @property
     def failure(self) -> str | None:
@@ -171,9 +171,7 @@ class ReplicatedEngine:
         """The latest report of every replica up now (label, pid, device, snapshot, ...)."""
         return self._board.reports
 
-    @property
-    def requests_in_flight(self) -> int:
-        return len(self._ledger)
+    requests_in_flight = property(lambda self: len(self._ledger))
 
     def replica_of(self, request_id: str) -> str | None:
         """The label of the replica that took a request of ours (the last SERVED_BY_KEPT)."""

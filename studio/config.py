@@ -33,6 +33,14 @@ def parse_api_key(text: str) -> tuple[str, str]:
     return name, key
 
 
+def read_admin_key_file(path: str | Path) -> str:
+    """The first line that is not blank or a '#' comment."""
+    for line in Path(path).read_text().splitlines():
+        if line.strip() and not line.strip().startswith("#"):
+            return line.strip()
+    raise ValueError(f"{path} holds no admin key (one line with the key; '#' lines are comments).")
+
+
 def read_api_keys_file(path: str | Path) -> list[tuple[str, str]]:
     """NAME:KEY lines (blank lines and '#' comments skipped)."""
     keys = []
@@ -72,6 +80,9 @@ class StudioOptions:
     # the key named USER.
     api_keys: tuple[tuple[str, str], ...] = ()
     show_prompts: bool = False  # show other sessions' prompts in the queue view
+    # The operator's key for /v1/admin/ (pause and resume the whole engine); None: no admin routes.
+    admin_key: str | None = None
+    start_paused: bool = False  # the engine starts paused: nothing runs until an operator resumes it
     outputs: str | None = "outputs"  # where finished results are saved (None: --no-save)
     # Accepted work older than this at a restart is not run again (studio.store.recovery).
     resume_max_age_s: float = 86400.0
@@ -104,6 +115,10 @@ class StudioOptions:
         for name in ("request_timeout_s", "shutdown_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}.")
+        if self.admin_key is not None and (not isinstance(self.admin_key, str) or not self.admin_key.strip()):
+            raise ValueError("admin_key must be a non-empty string (or None: no admin routes).")
+        if self.admin_key is not None and self.admin_key in self.http_api_keys.values():
+            raise ValueError("admin_key is also an HTTP API key: give the operator a key of its own.")
         names = [name for name, _ in self.api_keys]
         if len(set(names)) != len(names):
             raise ValueError(f"two API keys share a name: {sorted(n for n in set(names) if names.count(n) > 1)}.")

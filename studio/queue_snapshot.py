@@ -37,6 +37,7 @@ def request_as_dict(view: RequestView, viewer_session: str | None, show_prompts:
         "step": view.step,
         "total": view.total,
         "position": view.position,
+        "paused": view.paused,
         "waited_s": round(view.waited_s(now), 3),
         "eta_s": None if view.eta_s is None else round(view.eta_s, 3),
         "batch_mates": [short_id(mate) for mate in view.batch_mates],
@@ -53,6 +54,8 @@ def snapshot_as_dict(
     now = time.perf_counter() if now is None else now
     return {
         "requests": [request_as_dict(v, viewer_session, show_prompts, now, resumed) for v in snapshot.requests],
+        # Whether the viewer's own queue is paused, and whether an operator paused everything.
+        "paused": {"mine": viewer_session in snapshot.pauses.sessions, "engine": snapshot.pauses.engine},
         "engine": {
             "mode": stats.mode,
             "max_batch_requests": stats.max_batch_requests,  # requests per forward (a CFG request has 2 rows)

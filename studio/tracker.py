@@ -47,6 +47,7 @@ class Status:
     preview: object = field(default=None, repr=False, compare=False)  # the latest (a PIL image, or video frames)
     result: Completed | None = field(default=None, repr=False, compare=False)
     ended_by: Aborted | Failed | None = None  # the engine's own word on why it stopped
+    paused: str = ""  # while queued: why it can't start ("session": its queue is paused; "engine": all are)
 
     @classmethod
     def waiting(cls, params: GenerationParams) -> "Status":
@@ -75,21 +76,21 @@ class Status:
     def stopped(self, state: str, message: str) -> "Status":
         """Ended by its caller's side before the engine had a say (cancelled while held back,
         or refused by a closing engine)."""
-        return replace(self, state=state, position=None, message=message)
+        return replace(self, state=state, position=None, message=message, paused="")
 
     def as_dict(self) -> dict:
         """The plain fields, JSON-ready (no preview, result or event)."""
         return {"request_id": self.request_id, "state": self.state, "step": self.step, "total": self.total,
                 "position": self.position, "batch_size": self.batch_size, "seed": self.seed,
-                "message": self.message}
+                "message": self.message, "paused": self.paused}
 
 
 def status_after(status: Status, event: Event) -> Status:
     """The status once `event` has happened: the one translation of engine events."""
     if isinstance(event, Queued):
-        return replace(status, state=QUEUED, position=event.position)
+        return replace(status, state=QUEUED, position=event.position, paused=event.paused)
     if isinstance(event, Started):
-        return replace(status, state=RUNNING, position=None, batch_size=event.batch_size)
+        return replace(status, state=RUNNING, position=None, batch_size=event.batch_size, paused="")
     if isinstance(event, Progress):
         return replace(status, state=RUNNING, position=None, step=event.step, total=event.total,
                        batch_size=event.batch_size, preview=status.preview if event.preview is None else event.preview)

@@ -187,7 +187,21 @@ def test_a_held_back_request_and_one_stopped_before_the_engine_had_it():
     request = GenerationParams(prompt="p", num_inference_steps=5, seed=9, width=64, height=64)
     waiting = Status.waiting(request)
     assert waiting.as_dict() == {"request_id": None, "state": "waiting", "step": 0, "total": 5, "position": None,
-                                 "batch_size": 0, "seed": 9, "message": ""}
+                                 "batch_size": 0, "seed": 9, "message": "", "paused": ""}
     stopped = waiting.stopped("aborted", "cancelled before it started")
     assert (stopped.state, stopped.message, stopped.is_final, stopped.ended_by) == (
         "aborted", "cancelled before it started", True, None)
+
+
+def test_a_paused_queue_is_said_while_queued_and_forgotten_once_started():
+    from engine import Queued, Started
+    from studio.tracker import status_after
+
+    status = Status.waiting(GenerationParams(prompt="p", num_inference_steps=5, seed=9, width=64, height=64))
+    status = status_after(status, Queued(position=3, paused="session"))
+    assert (status.state, status.position, status.paused) == ("queued", 3, "session")
+    assert status.as_dict()["paused"] == "session"
+    status = status_after(status, Queued(position=1, paused=""))
+    assert (status.position, status.paused) == (1, "")
+    status = status_after(status_after(status, Queued(position=1, paused="engine")), Started(batch_size=2))
+    assert (status.state, status.position, status.paused) == ("running", None, "")

@@ -35,6 +35,8 @@ class HttpApiConfig:
     # "http:key:<name>". Without keys the API is open and every caller from one host is one
     # session, "http:host:<address>" (a bearer token names nothing: anyone could make one up).
     api_keys: Mapping[str, str] | frozenset[str] = field(default_factory=dict)
+    # The operator's key for /v1/admin/ (pause and resume the whole engine); None: those routes answer 404.
+    admin_key: str | None = None
     # Wrong keys, per client host: each costs this long, and this many in a minute lock the
     # host out for a minute (429).
     failed_key_delay_s: float = 1.0

@@ -1,5 +1,6 @@
 """The named gradio_client endpoints for single requests: `/generate` (and `/generate_video`),
-`/image_to_image`, `/cancel` and `/queue`.
+`/image_to_image`, `/cancel` and `/queue` (and, from studio.api.queue_endpoints, the caller's own
+queue: `/pause_queue`, `/resume_queue`, `/clear_queue`, `/move_request`, `/queue_state`).
 
 (`/run_workflow` and `/cancel_workflow` live with the editor, in studio/page/workflow_tab.py.)
 Hidden components carry the endpoints' inputs and outputs, with no range clamping: the engine
@@ -24,6 +25,7 @@ from typing import AsyncIterator
 import gradio as gr
 
 from engine import EngineClient
+from studio.api.queue_endpoints import wire_queue_endpoints
 from studio.pictures import MAX_UPLOAD_BYTES, as_init_image, check_same_size, mask_from_white, open_upload
 from studio.config import StudioOptions
 from studio.form import RANDOM_SEED, FormValues
@@ -57,6 +59,7 @@ def wire_api_endpoints(engine: EngineClient, config: StudioOptions, store: Outpu
     if takes_images:
         _wire_image_to_image(engine, config, accept, takes_images[0])
     _wire_cancel_and_queue(engine, config)
+    wire_queue_endpoints(engine)  # /pause_queue, /resume_queue, /clear_queue, /move_request, /queue_state
 
 
 def _acceptor(store: OutputStore, durable: DurableRequests):

@@ -6,6 +6,8 @@
     GET  /v1/images/files/{name}     the PNGs behind response_format="url" (expire after a while)
     /v1/videos[...]                  OpenAI Videos jobs: create, retrieve, list, content, delete
                                      (studio.api.video_routes)
+    /v1/queue[...], /v1/admin/...    the caller's own queue (pause, resume, clear, move) and the
+                                     operator's pause of the engine (studio.api.queue_routes)
     GET  /v1/models[/{model}]        every loaded model
     GET  /v1/openapi.json            this API's OpenAPI document
     GET  /healthz                    engine alive (details: queue depth, running requests)
@@ -41,6 +43,7 @@ from studio.api.errors import ApiError
 from studio.api.image_files import ImageFileStore
 from studio.api.image_requests import ImageGenerationRequest
 from studio.api.image_results import checked_n, images_response
+from studio.api.queue_routes import add_queue_routes
 from studio.api.request_bodies import check_json_body, parse_size, read_body_in_time, resolve_model
 from studio.api.video_routes import VideoJobs, add_video_routes, video_jobs_for
 from studio.server.throttle import FailedAttempts
@@ -154,6 +157,7 @@ def build_router(
     video_jobs = video_jobs or video_jobs_for(config, outputs, None)
     router.video_jobs = video_jobs  # the restart's recovery resumes its unfinished jobs
     add_video_routes(router, engine_, config, caller, video_jobs)
+    add_queue_routes(router, engine_, config, caller, attempts)
     known = list(router.routes)
 
     @router.api_route("/v1/{path:path}", methods=_ALL_METHODS, include_in_schema=False)

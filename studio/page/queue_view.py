@@ -24,8 +24,13 @@ QUEUE_CSS = """
 .ss-queue .ss-bar > span { display: block; height: 100%; background: var(--color-accent); }
 .ss-queue .ss-stats { margin: 4px 0 8px; display: flex; flex-wrap: wrap; gap: 14px; font-size: 0.85rem; }
 .ss-queue .ss-empty { opacity: 0.7; font-style: italic; }
+.ss-queue .ss-paused-note { padding: 4px 8px; border-radius: 6px; font-weight: 600;
+  background: var(--color-accent-soft); margin: 4px 0; }
 .ss-queue .ss-prompt { max-width: 18rem; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
 """
+
+PAUSED_WORDS = {"session": "its queue is paused", "engine": "the studio is paused"}
+ENGINE_PAUSED_NOTE = "The studio is paused by its operator: nothing new starts; running requests finish."
 
 COLUMNS = ("request", "who", "model", "prompt", "state", "progress", "position", "waited", "ETA", "shares batch with")
 
@@ -75,7 +80,8 @@ def _row(view: RequestView, viewer_session: str | None, show_prompts: bool, mine
         "you" if mine else "–",
         html.escape(view.model or "–"),
         f'<div class="ss-prompt" title="{html.escape(prompt)}">{html.escape(prompt)}</div>',
-        view.state + (RESUMED if view.request_id in resumed else ""),
+        view.state + (f" (paused: {PAUSED_WORDS[view.paused]})" if view.paused else "")
+        + (RESUMED if view.request_id in resumed else ""),
         _progress_cell(view),
         "–" if view.position is None else str(view.position),
         format_seconds(view.waited_s(now)),
@@ -112,8 +118,10 @@ def render_queue(
         body = "".join(_row(v, viewer_session, show_prompts, mine_ids, now, resumed) for v in snapshot.requests)
     else:
         body = f'<tr><td class="ss-empty" colspan="{len(COLUMNS)}">no requests right now</td></tr>'
+    note = f'<div class="ss-paused-note">{ENGINE_PAUSED_NOTE}</div>' if snapshot.pauses.engine else ""
     return (
         '<div class="ss-queue">'
+        + note
         + render_stats(snapshot)
         + f"<table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table></div>"
     )

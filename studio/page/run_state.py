@@ -75,6 +75,7 @@ def branch_row(progress: BranchView) -> dict:
         "step": progress.step,
         "total": progress.total,
         "position": progress.position,
+        "paused": progress.paused,  # while queued: "session" (the tab's queue is paused) or "engine"
         "batch_size": progress.batch_size,
         "seed": params.seed,
         "prompt": params.prompt,

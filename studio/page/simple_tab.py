@@ -36,6 +36,7 @@ from studio.media import (
     preview_image,
     settings_caption,
 )
+from studio.page.queue_controls import QueueControls, build_queue_controls, move_from_page, wire_queue_controls
 from studio.page.tab_queue import (
     CANCEL_JS,
     TabResults,
@@ -90,6 +91,7 @@ class SimplePanel:
     image: gr.Image  # the newest result, when it is an image
     video: gr.Video  # ... or a video
     gallery: gr.Gallery
+    controls: QueueControls  # Pause / Resume / Clear of the tab's queue
 
 
 # ---------------------------------------------------------------------------- building
@@ -222,6 +224,7 @@ def build_simple_tab(engine: EngineClient, config: StudioOptions) -> tuple[Simpl
                                      elem_id="ss-strength")
         with gr.Column(scale=3):
             queue = gr.HTML(render_tab_queue([]), js_on_load=CANCEL_JS, elem_id="ss-tab-queue")
+            controls = build_queue_controls("ss", engine.pause_state.engine)
             with gr.Row():
                 preview = gr.Image(label="Live preview", format="jpeg", type="pil", interactive=False, height=256,
                                    visible=not look.makes_video, elem_id="ss-preview")
@@ -235,7 +238,7 @@ def build_simple_tab(engine: EngineClient, config: StudioOptions) -> tuple[Simpl
                                  elem_id="ss-gallery")
     form = SimpleForm(model, prompt, negative, size, width, height, steps, guidance, scheduler, frames, batch_count,
                       random_seed, seed, unknown, examples, generate, cancel, picture, strength, picture_panel, lora)
-    return form, SimplePanel(queue, preview, animation, image, video, gallery)
+    return form, SimplePanel(queue, preview, animation, image, video, gallery, controls)
 
 
 def unknown_words_text(engine: EngineClient, model: str | None, prompt: str) -> str:
@@ -359,7 +362,12 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
         return tab_outputs(session)
 
     def cancel_one(event: gr.EventData, request: gr.Request) -> None:
+        """A row's × (cancel) or ⤒ (move to the front of the tab's queue)."""
+        if move_from_page(engine, event, request):
+            return
         cancel_from_page(runner.registry, event, request)
+
+    wire_queue_controls(engine, runner.registry, panel.controls, "simple")
 
     form.cancel.click(cancel_all, outputs=[panel.queue, *media, panel.gallery, *live.components],
                       queue=False,

@@ -2,8 +2,9 @@
 its one progress bar, and the tab's results. Pure views over the run registry, so every
 handler of a tab renders the same thing from the same state.
 
-The rows are HTML; a row's × carries its run id and branch index, and the page turns a press
-on it into the component's `stop` event (see `CANCEL_JS`).
+The rows are HTML; a row's × carries its run id and branch index, a queued row's ⤒ its request id,
+and the page turns a press on either into the component's `stop` event (see `CANCEL_JS`;
+studio.page.queue_controls.move_from_page handles the ⤒).
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ TABS_KEPT = 512  # tabs whose results are kept in memory (the oldest go first)
 TAB_QUEUE_CSS = """
 .ss-jobs { display: flex; flex-direction: column; gap: 3px; font-size: 0.85rem; min-height: 2.4rem; }
 .ss-jobs .ss-empty { opacity: 0.7; font-style: italic; }
-.ss-job { display: grid; grid-template-columns: minmax(8rem, 1fr) 9rem 10rem 1.4rem; gap: 8px; align-items: center;
+.ss-job { display: grid; grid-template-columns: minmax(8rem, 1fr) 9rem 15rem 1.4rem 1.4rem; gap: 8px; align-items: center;
   padding: 3px 6px; border-radius: 6px; background: var(--background-fill-secondary); }
 .ss-job progress { width: 100%; height: 10px; }
 .ss-job .ss-job-prompt { white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
 .ss-job .ss-job-state { font-variant-numeric: tabular-nums; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
 .ss-job[data-state="failed"] .ss-job-state, .ss-job[data-state="aborted"] .ss-job-state { color: var(--error-text-color, #b91c1c); }
+.ss-job-front { cursor: pointer; border: none; background: none; font-size: 1rem; padding: 0; }
 .ss-job-cancel { cursor: pointer; border: none; background: none; color: var(--error-text-color, #b91c1c);
   font-weight: 700; font-size: 1rem; padding: 0; }
 """
@@ -39,6 +41,12 @@ TAB_QUEUE_CSS = """
 # both halves of the press.
 CANCEL_JS = """
 element.addEventListener('pointerdown', (event) => {
+  const front = event.target.closest('[data-front-request]');
+  if (front) {
+    event.preventDefault();
+    trigger('stop', {action: 'front', request_id: front.dataset.frontRequest});
+    return;
+  }
   const button = event.target.closest('[data-cancel-run]');
   if (!button) return;
   event.preventDefault();
@@ -47,11 +55,15 @@ element.addEventListener('pointerdown', (event) => {
 """
 
 
+PAUSED_TEXT = {"session": "paused (this tab's queue)", "engine": "paused by the operator"}
+
+
 def _state_text(branch: BranchView) -> str:
     if branch.state == WAITING:
         return "waiting in this tab"
     if branch.state == QUEUED:
-        return f"queued, position {branch.position}" if branch.position else "queued"
+        text = f"queued, position {branch.position}" if branch.position else "queued"
+        return text + (f" · {PAUSED_TEXT.get(branch.paused, 'paused')}" if branch.paused else "")
     if branch.state == RUNNING:
         mates = f" · batch of {branch.batch_size}" if branch.batch_size > 1 else ""
         return f"step {branch.step}/{branch.total}{mates}"
@@ -70,13 +82,16 @@ def render_tab_queue(runs: list[WorkflowRun]) -> str:
             cancel = "" if ended else (
                 f'<button class="ss-job-cancel" title="Cancel this request" data-cancel-run="{run.run_id}" '
                 f'data-index="{branch.branch.index}">×</button>')
+            front = "<span></span>" if branch.state != QUEUED or not branch.request_id else (
+                f'<button class="ss-job-front" title="Move to the front of this tab\'s queue" '
+                f'data-front-request="{branch.request_id}">⤒</button>')
             rows.append(
                 f'<div class="ss-job" data-state="{branch.state}" data-step="{branch.step}" data-total="{branch.total}" '
                 f'data-seed="{params.seed}" data-request="{branch.request_id or ""}">'
                 f'<span class="ss-job-prompt" title="{html.escape(params.prompt)}">{html.escape(params.prompt)}</span>'
                 f'<span class="ss-job-meta">seed {params.seed} · {params.width}x{params.height}</span>'
                 f'<span><progress value="{branch.step}" max="{max(branch.total, 1)}"></progress> '
-                f'<span class="ss-job-state">{html.escape(_state_text(branch))}</span></span>{cancel}</div>')
+                f'<span class="ss-job-state">{html.escape(_state_text(branch))}</span></span>{front}{cancel}</div>')
     if not rows:
         rows.append('<div class="ss-empty">Nothing queued. Press Generate (or Shift+Enter in the prompt).</div>')
     return '<div class="ss-jobs">' + "".join(rows) + "</div>"

@@ -27,6 +27,7 @@ from engine import EngineClient, GenerationParams
 from studio.config import StudioOptions
 from studio.media import final_media, model_fps
 from studio.outputs import OutputStore, save_quietly
+from studio.page.queue_controls import QueueControls, build_queue_controls, wire_queue_controls
 from studio.page.run_state import (
     RUN_FILES_FOLDER,
     EditorRunState,
@@ -226,6 +227,7 @@ class WorkflowRunner:
 class WorkflowTab:
     editor: gr.HTML
     results: gr.Gallery
+    controls: QueueControls  # Pause / Resume / Clear of the tab's queue (the same session as the Simple tab's)
 
 
 def _static_url(path: Path) -> str:
@@ -270,7 +272,8 @@ def build_workflow_tab(engine: EngineClient) -> WorkflowTab:
     )
     results = gr.Gallery(label="Run results (grids first)", columns=8, height=220, object_fit="contain",
                          format="png", preview=False, allow_preview=True, elem_id="ss-workflow-results")
-    return WorkflowTab(editor, results)
+    controls = build_queue_controls("sse", engine.pause_state.engine)
+    return WorkflowTab(editor, results, controls)
 
 
 def cancel_from_page(registry: RunRegistry, event: gr.EventData, request: gr.Request) -> None:
@@ -326,6 +329,7 @@ def wire_workflow_tab(runner: WorkflowRunner, tab: WorkflowTab, browser_token: g
 
     tab.editor.stop(cancel, queue=False, api_name="ui_cancel_workflow", api_visibility="private",
                     show_progress="hidden")
+    wire_queue_controls(runner.engine, runner.registry, tab.controls, "workflow")
 
 
 # ---------------------------------------------------------------------------- the API

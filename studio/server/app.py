@@ -78,7 +78,7 @@ def http_api_config(config: StudioOptions) -> HttpApiConfig:
     # The HTTP API answers a slow body with its own 408 (10 s), before the connection's deadline
     # (request_timeout_s) would hang up without an answer.
     body_timeout_s = min(HttpApiConfig.body_timeout_s, config.request_timeout_s / 2)
-    return HttpApiConfig(api_keys=config.http_api_keys, body_timeout_s=body_timeout_s)
+    return HttpApiConfig(api_keys=config.http_api_keys, body_timeout_s=body_timeout_s, admin_key=config.admin_key)
 
 
 def build_app(engine: EngineClient, config: StudioOptions, store: StudioStore | None = None) -> fastapi.FastAPI:
@@ -96,6 +96,10 @@ def build_app(engine: EngineClient, config: StudioOptions, store: StudioStore | 
     router = build_router(engine, api_config, attempts, outputs=outputs,
                           video_jobs=video_jobs_for(api_config, outputs, durable))
     app.include_router(router)
+    if config.start_paused:  # before the page is built (it says so) and the resumed work is queued
+        engine.pause_engine()
+        log.info("the engine is paused (--start-paused): requests queue and none starts until an operator "
+                 "resumes it (POST /v1/admin/resume with the --admin-key)")
     runner = WorkflowRunner(engine, config, RunRegistry(), outputs)
     resumed = ResumeReport()  # filled in below; the page tells each returning owner its count
     demo = build_demo(engine, config, outputs, durable, runner, resumed)

@@ -40,6 +40,11 @@ class BranchView:
         return self.status.position
 
     @property
+    def paused(self) -> str:
+        """While queued: why it waits ("session": the tab's queue is paused; "engine": all are)."""
+        return self.status.paused
+
+    @property
     def batch_size(self) -> int:
         return self.status.batch_size
 

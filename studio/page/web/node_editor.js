@@ -798,7 +798,9 @@
         item.root.title = b.message || b.state;
         item.bar.max = Math.max(1, b.total);
         item.bar.value = b.step;
-        item.step.textContent = b.state === "running" || b.state === "completed" ? `${b.step}/${b.total}` : b.state;
+        // A queued branch of a paused queue says so: it waits for Resume (or for the operator).
+        const shown = b.state === "queued" && b.paused ? (b.paused === "engine" ? "paused (studio)" : "paused") : b.state;
+        item.step.textContent = b.state === "running" || b.state === "completed" ? `${b.step}/${b.total}` : shown;
         item.cancel.style.visibility = ended ? "hidden" : "visible";
       }
     }

@@ -1,0 +1,91 @@
+"""The page's controls for the tab's own queue: Pause, Resume, Clear and a line saying how it stands.
+
+One set under the Simple tab's queue and one beside the editor; both act on the tab's engine
+session through studio.queue_actions, as the gradio_client endpoints and the HTTP API do. Clear
+also cancels the tab's requests still held back in their run's own queue (a workflow's branches
+beyond the session's limit), so nothing of the cleared queue starts afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from engine import EngineClient
+from studio import queue_actions
+from studio.server.server_compat import event_payload
+from studio.sessions import session_id_of
+from studio.user_errors import user_error
+from studio.tracker import QUEUED, WAITING
+from studio.workflows.registry import RunRegistry
+
+
+@dataclass(frozen=True)
+class QueueControls:
+    pause: gr.Button
+    resume: gr.Button
+    clear: gr.Button
+    note: gr.Markdown  # "your queue is paused", "the studio is paused by its operator", ...
+
+
+def build_queue_controls(prefix: str, paused_at_start: bool) -> QueueControls:
+    """`prefix`: the elements' id prefix (e.g. "ss" gives #ss-pause-queue)."""
+    with gr.Row():
+        pause = gr.Button("Pause queue", size="sm", elem_id=f"{prefix}-pause-queue")
+        resume = gr.Button("Resume queue", size="sm", elem_id=f"{prefix}-resume-queue")
+        clear = gr.Button("Clear queued", size="sm", variant="stop", elem_id=f"{prefix}-clear-queue")
+    start = ("The studio started paused (--start-paused): nothing starts until its operator resumes it; the "
+             "Queue view says when it runs again.") if paused_at_start else ""
+    note = gr.Markdown(start, elem_id=f"{prefix}-queue-note")
+    return QueueControls(pause, resume, clear, note)
+
+
+def wire_queue_controls(engine: EngineClient, registry: RunRegistry, controls: QueueControls, name: str) -> None:
+    """`name`: the events' private api names' stem (each tab's own)."""
+    def note(state: dict) -> str:
+        return state["message"][0].upper() + state["message"][1:] + "."
+
+    def pause(request: gr.Request) -> str:
+        return note(queue_actions.pause_own_queue(engine, session_id_of(request)))
+
+    def resume(request: gr.Request) -> str:
+        return note(queue_actions.resume_own_queue(engine, session_id_of(request)))
+
+    def clear(request: gr.Request) -> str:
+        session = session_id_of(request)
+        held_back = 0
+        for run in registry.runs_of(session):
+            for branch in run.branches:
+                if branch.state == WAITING or (branch.state == QUEUED and branch.request_id is None):
+                    held_back += run.cancel_branch(branch.branch.index)
+        cleared = queue_actions.clear_own_queue(engine, session)["cleared"] + held_back
+        return f"Cleared {cleared} queued request{'s' if cleared != 1 else ''}; running ones go on. " + \
+            note(queue_actions.queue_state(engine, session))
+
+    def saying_why(handler):
+        def handled(request: gr.Request) -> str:
+            try:
+                return handler(request)
+            except NotImplementedError as exc:  # engine replicas: queue control is not offered
+                return str(exc)
+
+        handled.__name__ = handler.__name__
+        return handled
+
+    for button, handler in ((controls.pause, pause), (controls.resume, resume), (controls.clear, clear)):
+        button.click(saying_why(handler), outputs=controls.note, queue=False, api_name=f"ui_{name}_{handler.__name__}_queue",
+                     api_visibility="private", show_progress="hidden")
+
+
+def move_from_page(engine: EngineClient, event: gr.EventData, request: gr.Request) -> bool:
+    """A row's ⤒ sent {action: "front", request_id}: move it first in the tab's queue. False for
+    any other press (a cancel)."""
+    data = event_payload(event)
+    if data.get("action") != "front":
+        return False
+    try:
+        queue_actions.move_own_request(engine, session_id_of(request), data.get("request_id"))
+    except (PermissionError, ValueError, NotImplementedError) as exc:
+        raise user_error(str(exc), "Can't move it") from None
+    return True
