@@ -58,7 +58,7 @@ def wire_api_endpoints(engine: EngineClient, config: StudioOptions, store: Outpu
     takes_images = [name for name in image_models if "init_image" in engine.infos[name].image_inputs]
     if takes_images:
         _wire_image_to_image(engine, config, accept, takes_images[0])
-    _wire_cancel_and_queue(engine, config)
+    _wire_cancel_and_queue(engine, config, resumed)
     wire_queue_endpoints(engine)  # /pause_queue, /resume_queue, /clear_queue, /move_request, /queue_state
 
 
@@ -263,7 +263,7 @@ def _preview(preview, config: StudioOptions, request_id: str):
     return str(path)
 
 
-def _wire_cancel_and_queue(engine: EngineClient, config: StudioOptions) -> None:
+def _wire_cancel_and_queue(engine: EngineClient, config: StudioOptions, resumed: ResumeReport | None = None) -> None:
     def cancel(request_id: str, request: gr.Request) -> dict:
         """Cancel one of YOUR requests by its request_id (from /generate's status); it stops at
         the next step boundary. Other sessions' requests can't be cancelled."""
