@@ -1,6 +1,7 @@
 """Nothing accepted is lost when the studio's process ends under it: a real `python app.py`,
 killed (SIGKILL) or stopped (SIGTERM) mid-step with images and video jobs in flight, started again
-on the same outputs folder, finishes every accepted request exactly once (docs/durability.md).
+on the same outputs folder, finishes every accepted request exactly once, and a `url` image it
+served before still answers (docs/durability.md).
 A database it can't use stops it with exit status 2 and a way out."""
 
 from __future__ import annotations
@@ -37,9 +38,14 @@ def count(database: Path, table: str) -> int:
 def test_accepted_images_and_video_jobs_finish_exactly_once_after_the_process_ends_mid_step(tmp_path, stop):
     outputs = tmp_path / "outputs"
     database = outputs / "studio.db"
-    studio_args = ("--port", "0", "--model", "toy-video", "--outputs", str(outputs), "--max-steps", str(STEPS))
+    studio_args = ("--port", "0", "--model", "toy-video", "--model", "toy", "--outputs", str(outputs),
+                   "--max-steps", str(STEPS))
     with app_process(*studio_args, step_delay_s=0.25) as first:
         url = first.url()
+        served = httpx.post(url + "v1/images/generations", timeout=120, json={
+            "model": "toy", "prompt": "kept", "size": "8x8", "response_format": "url", "seed": 3,
+            "num_inference_steps": 2}).json()["data"][0]["url"]
+        png = httpx.get(served).content
         caller = connect(url)
         jobs = [caller.submit(f"image {seed}", "", 8, 8, STEPS, 1.0, seed, "", None, api_name="/generate")
                 for seed in IMAGE_SEEDS]
@@ -68,6 +74,9 @@ def test_accepted_images_and_video_jobs_finish_exactly_once_after_the_process_en
             (21, 100, True), (22, 100, True)]
         mp4 = httpx.get(url + f"v1/videos/{videos[1]['id']}/content").content
         assert mp4[4:8] == b"ftyp"  # an MP4, downloadable
+        # The url image served before the stop (the studio listens on another port now: its path is the key).
+        again = httpx.get(url + "v1/images/files/" + served.rsplit("/", 1)[1])
+        assert (again.status_code, again.content) == (200, png) and png.startswith(b"\x89PNG")
         assert "resuming 5 accepted requests" in second.output and "resumed 5 accepted requests" in second.output
 
     # Exactly once: 3 images and 2 videos indexed, each file once, with the seed it was asked with.
@@ -77,7 +86,8 @@ def test_accepted_images_and_video_jobs_finish_exactly_once_after_the_process_en
     assert seeds == sorted(IMAGE_SEEDS + VIDEO_SEEDS)
     files = sorted(path.name for path in outputs.glob("*/*") if path.parent.name != "history")
     indexed = sorted(Path(p).name for _, path, poster, _ in saved for p in (path, poster) if p)
-    assert files == sorted(indexed + [f"{video['id']}.{suffix}" for video in videos for suffix in ("jpg", "mp4", "webp")])
+    assert files == sorted(indexed + [f"{video['id']}.{suffix}" for video in videos for suffix in ("jpg", "mp4", "webp")]
+                           + [served.rsplit("/", 1)[1]])
     assert not list(outputs.rglob("*.partial*"))
     assert [path.suffix for path in (outputs / "video-jobs").iterdir()].count(".mp4") == 2
 
@@ -108,7 +118,7 @@ def test_a_database_the_studio_cannot_use_stops_it_with_status_2_and_a_way_out(t
     assert {name: code for name, (code, _) in results.items()} == dict.fromkeys(processes, 2), results
     messages = {name: output.strip().splitlines()[-1] for name, (_, output) in results.items()}
     assert "can't be read as the studio's database" in messages["truncated"] and "mv " in messages["truncated"]
-    assert "schema version 99, newer than this studio knows (2)" in messages["newer"]
+    assert "schema version 99, newer than this studio knows (3)" in messages["newer"]
     assert "is locked by another process" in messages["locked"]
     assert "not a studio's" in messages["foreign"]
     assert all("serving on" not in output for _, output in results.values())

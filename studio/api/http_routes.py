@@ -54,6 +54,19 @@ if TYPE_CHECKING:
 __all__ = ["HttpApiConfig", "ImageGenerationRequest", "build_router"]
 
 
+def url_images_for(config: HttpApiConfig, outputs: "OutputStore | None") -> ImageFileStore:
+    """The `response_format="url"` images: files in <outputs>/url-images/ indexed in the studio's
+    store when it saves its outputs (taken back from before a restart here), else in memory."""
+    saving = outputs is not None and outputs.enabled
+    images = ImageFileStore(
+        max_files=config.image_store_max_files, max_bytes=config.image_store_max_bytes, ttl_s=config.image_ttl_s,
+        max_files_per_owner=config.image_store_files_per_caller,
+        folder=outputs.folder / "url-images" if saving else None, store=outputs.index if saving else None,
+    )
+    images.load()
+    return images
+
+
 def build_router(
     engine_: engine.EngineClient, config: HttpApiConfig | None = None, attempts: FailedAttempts | None = None,
     outputs: "OutputStore | None" = None, video_jobs: VideoJobs | None = None,
@@ -64,10 +77,7 @@ def build_router(
     are kept (video_routes.video_jobs_for; None: in memory). The router's `video_jobs` is it."""
     config = config or HttpApiConfig()
     attempts = attempts or FailedAttempts(delay_s=config.failed_key_delay_s, max_failures=config.max_failed_keys)
-    images = ImageFileStore(
-        max_files=config.image_store_max_files, max_bytes=config.image_store_max_bytes, ttl_s=config.image_ttl_s,
-        max_files_per_owner=config.image_store_files_per_caller,
-    )
+    images = url_images_for(config, outputs)
     router = fastapi.APIRouter()
 
     async def caller(request: Request) -> str:

@@ -59,7 +59,8 @@ async def images_response(
         png = await asyncio.to_thread(png_bytes, final.result.images[0])  # encoding must not stall the event loop
         item: dict = {"seed": final.result.seed, "revised_prompt": None}
         if response_format == "url":
-            item["url"] = _image_url(request, config, images.put(png, owner=session))
+            # A kept image's file is written and synced: off the event loop too.
+            item["url"] = _image_url(request, config, await asyncio.to_thread(images.put, png, session))
         else:
             item["b64_json"] = base64.b64encode(png).decode("ascii")
         data.append(item)

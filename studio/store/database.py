@@ -123,8 +123,22 @@ def _schema_2(connection: sqlite3.Connection, history_folder: Path | None) -> No
     """)
 
 
+def _schema_3(connection: sqlite3.Connection, history_folder: Path | None) -> None:
+    """The HTTP API's `response_format="url"` images (files in <outputs>/url-images/), so a URL
+    a caller was given answers across a restart until it expires."""
+    _run_statements(connection, """
+        CREATE TABLE url_images (
+            name TEXT PRIMARY KEY,           -- the file's random name, the URL's last part
+            owner TEXT NOT NULL,             -- the caller's engine session (its share of the room)
+            size INTEGER NOT NULL,           -- bytes
+            expires_at REAL NOT NULL         -- unix seconds
+        );
+        CREATE INDEX url_images_by_expiry ON url_images (expires_at)
+    """)
+
+
 # The migrations in order: MIGRATIONS[k] brings a database from version k to k + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection, Path | None], None]] = [_schema_1, _schema_2]
+MIGRATIONS: list[Callable[[sqlite3.Connection, Path | None], None]] = [_schema_1, _schema_2, _schema_3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

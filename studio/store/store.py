@@ -1,6 +1,6 @@
 """The studio's durable state, over one SQLite database (studio.store.database): the requests it
-accepted and has not finished, the workflow runs with branches still owed, the video jobs of the
-HTTP API, and each caller's history index.
+accepted and has not finished, the workflow runs with branches still owed, the video jobs and the
+`url` images of the HTTP API, and each caller's history index.
 
     store = StudioStore.open(Path("outputs"))          # <outputs>/studio.db; StudioStore.open(None): in memory
     entry = store.accept("image", session, owner, params)          # once the engine has taken it
@@ -210,6 +210,18 @@ class StudioStore:
                             None if row[6] is None else (row[6], row[7] or ""),
                             None if row[8] is None else json.loads(row[8])) for row in rows]
 
+    # ------------------------------------------------------------------ url images of the HTTP API
+    def add_url_image(self, name: str, owner: str, size: int, expires_at: float) -> None:
+        self._execute("INSERT INTO url_images (name, owner, size, expires_at) VALUES (?, ?, ?, ?)",
+                      (name, owner, size, expires_at))
+
+    def remove_url_image(self, name: str) -> None:
+        self._execute("DELETE FROM url_images WHERE name = ?", (name,))
+
+    def url_images(self) -> list[tuple[str, str, int, float]]:
+        """Every kept url image as (name, owner, size, expires_at), the first to expire first."""
+        return self._rows("SELECT name, owner, size, expires_at FROM url_images ORDER BY expires_at, rowid")
+
     # ------------------------------------------------------------------ the history index
     def add_history(self, item: dict) -> None:
         """One saved result (studio.outputs.SavedOutput's fields)."""
@@ -236,4 +248,5 @@ class StudioStore:
     def counts(self) -> dict[str, int]:
         """Rows per table (for logs and benchmarks)."""
         return {table: self._rows(f"SELECT count(*) FROM {table}")[0][0]
-                for table in ("accepted", "video_jobs", "history", "workflow_runs", "workflow_branches")}
+                for table in ("accepted", "video_jobs", "history", "workflow_runs", "workflow_branches",
+                              "url_images")}
