@@ -20,7 +20,7 @@ from tests.test_http_api import wait_until
 from tests.test_reliability_app import ROOT, app_process, in_flight
 
 IMAGE_SEEDS = (11, 12, 13)
-VIDEO_SEEDS = (21, 22)
+VIDEO_SEEDS = (21, 22, 23, 24, 25, 26)  # the crash test: 6 video jobs
 STEPS = 10
 
 
@@ -53,7 +53,8 @@ def test_accepted_images_and_video_jobs_finish_exactly_once_after_the_process_en
                                                       "num_inference_steps": STEPS}, timeout=30).json()
                   for seed in VIDEO_SEEDS]
         assert all(video["status"] in ("queued", "in_progress") for video in videos), videos
-        wait_until(lambda: count(database, "accepted") == 5 and in_flight(url) == 5, timeout=120,
+        accepted = len(IMAGE_SEEDS) + len(VIDEO_SEEDS)
+        wait_until(lambda: count(database, "accepted") == accepted and in_flight(url) == accepted, timeout=120,
                    what="every request accepted and at the engine")
         wait_until(lambda: httpx.get(url + "v1/videos/" + videos[0]["id"]).json()["progress"] > 0, timeout=120,
                    what="a denoise step done")
@@ -61,7 +62,7 @@ def test_accepted_images_and_video_jobs_finish_exactly_once_after_the_process_en
         first.process.wait(60)
         del jobs  # their streams ended with the process
     # Nothing of them was finished: every one is still accepted, and no result is indexed.
-    assert count(database, "accepted") == 5 and count(database, "history") == 0
+    assert count(database, "accepted") == accepted and count(database, "history") == 0
 
     with app_process(*studio_args, step_delay_s=0.01) as second:
         url = second.url()
@@ -71,17 +72,18 @@ def test_accepted_images_and_video_jobs_finish_exactly_once_after_the_process_en
         wait_until(lambda: count(database, "accepted") == 0, timeout=120, what="every accepted request to finish")
         retrieved = [httpx.get(url + "v1/videos/" + video["id"]).json() for video in videos]
         assert [(video["seed"], video["progress"], video["resumed_after_restart"]) for video in retrieved] == [
-            (21, 100, True), (22, 100, True)]
+            (seed, 100, True) for seed in VIDEO_SEEDS]
         mp4 = httpx.get(url + f"v1/videos/{videos[1]['id']}/content").content
         assert mp4[4:8] == b"ftyp"  # an MP4, downloadable
         # The url image served before the stop (the studio listens on another port now: its path is the key).
         again = httpx.get(url + "v1/images/files/" + served.rsplit("/", 1)[1])
         assert (again.status_code, again.content) == (200, png) and png.startswith(b"\x89PNG")
-        assert "resuming 5 accepted requests" in second.output and "resumed 5 accepted requests" in second.output
+        assert f"resuming {accepted} accepted requests" in second.output
+        assert f"resumed {accepted} accepted requests" in second.output
 
-    # Exactly once: 3 images and 2 videos indexed, each file once, with the seed it was asked with.
+    # Exactly once: 3 images and 6 videos indexed, each file once, with the seed it was asked with.
     saved = rows(database, "SELECT kind, path, poster, parameters FROM history ORDER BY id")
-    assert sorted(kind for kind, *_ in saved) == ["image"] * 3 + ["video"] * 2
+    assert sorted(kind for kind, *_ in saved) == ["image"] * len(IMAGE_SEEDS) + ["video"] * len(VIDEO_SEEDS)
     seeds = sorted(int(text.rsplit("Seed: ", 1)[1].split(",")[0]) for *_, text in saved)
     assert seeds == sorted(IMAGE_SEEDS + VIDEO_SEEDS)
     files = sorted(path.name for path in outputs.glob("*/*") if path.parent.name != "history")
@@ -89,7 +91,7 @@ def test_accepted_images_and_video_jobs_finish_exactly_once_after_the_process_en
     assert files == sorted(indexed + [f"{video['id']}.{suffix}" for video in videos for suffix in ("jpg", "mp4", "webp")]
                            + [served.rsplit("/", 1)[1]])
     assert not list(outputs.rglob("*.partial*"))
-    assert [path.suffix for path in (outputs / "video-jobs").iterdir()].count(".mp4") == 2
+    assert [path.suffix for path in (outputs / "video-jobs").iterdir()].count(".mp4") == len(VIDEO_SEEDS)
 
 
 def _start_exit_status(outputs: Path) -> subprocess.Popen:
