@@ -7,30 +7,41 @@ page's queue table (studio.page.queue_view) follows the same rules.
 from __future__ import annotations
 
 import time
-from collections.abc import Container
+from collections.abc import Collection, Container
 
 from engine import EngineSnapshot, RequestView
 
 SHORT_ID_LEN = 8
 HIDDEN_PROMPT = "(hidden)"
 
+# Who looks: a session, or every session a page's tab acts for (its own and those it adopted after
+# a restart, studio.workflows.registry.RunRegistry.sessions_of); None: nobody's requests are theirs.
+Viewer = str | Collection[str] | None
+
+
+def is_viewers(view: RequestView, viewer: Viewer) -> bool:
+    """Whether the request is the viewer's own."""
+    if viewer is None:
+        return False
+    return view.session_id == viewer if isinstance(viewer, str) else view.session_id in viewer
+
 
 def short_id(request_id: str) -> str:
     return request_id[:SHORT_ID_LEN]
 
 
-def visible_prompt(view: RequestView, viewer_session: str | None, show_prompts: bool) -> str:
-    if show_prompts or view.session_id == viewer_session:
+def visible_prompt(view: RequestView, viewer_session: Viewer, show_prompts: bool) -> str:
+    if show_prompts or is_viewers(view, viewer_session):
         return view.prompt
     return HIDDEN_PROMPT
 
 
-def request_as_dict(view: RequestView, viewer_session: str | None, show_prompts: bool, now: float,
+def request_as_dict(view: RequestView, viewer_session: Viewer, show_prompts: bool, now: float,
                     resumed: Container[str] = ()) -> dict:
     """One request for the /queue API (no session ids). `resumed`: the requests run again after a restart."""
     return {
-        "request_id": view.request_id if view.session_id == viewer_session else short_id(view.request_id),
-        "mine": view.session_id == viewer_session,
+        "request_id": view.request_id if is_viewers(view, viewer_session) else short_id(view.request_id),
+        "mine": is_viewers(view, viewer_session),
         "model": view.model,
         "prompt": visible_prompt(view, viewer_session, show_prompts),
         "state": view.state,

@@ -1,11 +1,14 @@
 """The page across a crash, in Chromium: a Simple-tab batch queued in a real `python app.py`, the
 process killed mid-run, started again on the same folder and port: the returning browser reads
-"The studio restarted; 3 of your requests were resumed." and its History holds all 4 results, once."""
+"The studio restarted; 3 of your requests were resumed.", its tab's queue buttons pause and resume
+the resumed work, and its History holds all 4 results, once."""
 
 from __future__ import annotations
 
 import signal
 import socket
+
+import httpx
 
 from tests.browser_helpers import BROWSER_MARKS, browser, shot, sync_api  # noqa: F401 (fixture)
 from tests.test_durable_restart import count, rows
@@ -16,6 +19,7 @@ pytestmark = BROWSER_MARKS
 
 STEPS = 10
 SEED = 500
+ADMIN_KEY = "operator-key-for-the-test"
 
 
 def free_port() -> int:
@@ -55,11 +59,25 @@ def test_a_returning_browser_is_told_what_was_resumed_and_finds_every_result(bro
             first.process.wait(60)
         assert count(database, "workflow_runs") == 1 and count(database, "history") == 1
 
-        with app_process(*studio_args, step_delay_s=0.01) as second:
-            page = open_simple_tab(context, second.url())
+        # Started paused by its operator, so the returning tab acts on the resumed work before any of it runs.
+        with app_process(*studio_args, "--start-paused", "--admin-key", ADMIN_KEY, step_delay_s=0.01) as second:
+            url = second.url()
+            page = open_simple_tab(context, url)
             banner = page.locator("#ss-restart-banner")
             banner.wait_for(state="visible")
             assert banner.inner_text().startswith("The studio restarted; 3 of your requests were resumed.")
+            # The resumed request runs in the session of the tab that is gone; this tab adopted it: "you".
+            mine = page.locator("#ss-queue tr.ss-mine")
+            mine.filter(has_text="resumed after restart").first.wait_for()
+            page.click("#ss-pause-queue")
+            page.locator("#ss-queue-note").filter(has_text="Your queue is paused").wait_for()
+            resumed = httpx.post(url + "v1/admin/resume", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, json={})
+            assert resumed.status_code == 200, resumed.text
+            mine.filter(has_text="paused: its queue is paused").first.wait_for()
+            assert "paused by the operator" not in page.locator("#ss-queue").inner_text()
+            assert count(database, "history") == 1  # paused before the operator resumed: nothing of it ran
+            shot(page, "browser-restart-paused")
+            page.click("#ss-resume-queue")
             wait_until(lambda: count(database, "workflow_runs") == 0, timeout=300, what="the resumed batch")
             page.get_by_role("tab", name="History").click()
             page.wait_for_function("document.querySelectorAll('#ss-history img').length === 4")

@@ -6,6 +6,7 @@ branches still owed, and only those, from the pictures saved before (docs/durabi
 from __future__ import annotations
 
 import signal
+from types import SimpleNamespace
 
 import pytest
 from PIL import Image
@@ -14,6 +15,7 @@ from pipelines.params import image_digest
 from studio.outputs import parse_infotext
 from studio.page.restart_banner import RestartNotices, restart_notice
 from studio.store.recovery import ResumeReport
+from studio.workflows.registry import RunRegistry
 from tests.studio_helpers import connect
 from tests.test_durable_restart import count, rows
 from tests.test_http_api import wait_until
@@ -107,3 +109,26 @@ def test_each_owner_is_told_once_what_a_restart_resumed():
     assert notices.for_owner("a" * 32) is None  # told already
     assert notices.for_owner("c" * 32) is None and notices.for_owner(None) is None  # nothing of theirs
     assert notices.for_owner("b" * 32) == restart_notice(1)
+
+
+def test_a_returning_tab_adopts_the_sessions_of_its_resumed_work_and_acts_for_them():
+    report = ResumeReport()
+    report.resumed_for("a" * 32, "ui:gone-tab", 3)
+    report.resumed_for("a" * 32, "ui:other-gone-tab")
+    assert (report.resumed_by_owner["a" * 32], report.sessions_by_owner["a" * 32]) == (
+        4, {"ui:gone-tab", "ui:other-gone-tab"})
+    cancelled = []
+    registry = RunRegistry()
+    for run_id, session in (("resumed", "ui:gone-tab"), ("stranger", "ui:someone-else")):
+        registry.add(SimpleNamespace(run_id=run_id, session_id=session, cancel=lambda r=run_id: cancelled.append(r)))
+
+    assert registry.sessions_of("ui:new-tab") == ("ui:new-tab",) and registry.runs_of("ui:new-tab") == []
+    with pytest.raises(PermissionError):
+        registry.own("resumed", "ui:new-tab")
+    registry.adopt("ui:new-tab", report.sessions_by_owner["a" * 32] | {"ui:new-tab"})
+    assert registry.sessions_of("ui:new-tab") == ("ui:new-tab", "ui:gone-tab", "ui:other-gone-tab")
+    assert [run.run_id for run in registry.runs_of("ui:new-tab")] == ["resumed"]
+    assert registry.own("resumed", "ui:new-tab").run_id == "resumed"
+    assert registry.cancel_session("ui:new-tab") == 1 and cancelled == ["resumed"]  # never the stranger's
+    registry.release("ui:new-tab")  # the tab closed
+    assert registry.sessions_of("ui:new-tab") == ("ui:new-tab",)

@@ -16,6 +16,7 @@ from engine import EngineSnapshot, RequestView
 from engine.snapshot import StageStats
 from pipelines.interface import PipelineInfo
 from studio.page.queue_view import format_step_time
+from studio.queue_snapshot import Viewer, is_viewers
 
 NODE_W, NODE_H, GAP, MARGIN, LABEL_H = 128, 78, 34, 8, 16
 
@@ -74,12 +75,12 @@ def _title(stage: str, info: PipelineInfo, denoising: list[RequestView]) -> str:
     return titles.get(stage, stage)
 
 
-def build_nodes(snapshot: EngineSnapshot, info: PipelineInfo, viewer_session: str | None,
+def build_nodes(snapshot: EngineSnapshot, info: PipelineInfo, viewer_session: Viewer,
                 model: str | None = None) -> list[NodeView]:
     """The nodes of one model's row (`model` None: every request, for a single-model engine)."""
     requests = [view for view in snapshot.requests if model is None or view.model == model]
     counts = Counter(stage_of(view) for view in requests)
-    mine = [view for view in requests if view.session_id == viewer_session]
+    mine = [view for view in requests if is_viewers(view, viewer_session)]
     denoising = [view for view in requests if stage_of(view) == "denoise"]
     # A model's row shows that model's own times (an image and a video model differ a lot).
     stages = snapshot.stats.stages if model is None else snapshot.stats.stages_by_model.get(model, StageStats())
@@ -153,7 +154,7 @@ def _row_svg(nodes: list[NodeView], top: int) -> list[str]:
 
 
 def render_graph(snapshot: EngineSnapshot, infos: PipelineInfo | dict[str, PipelineInfo],
-                 viewer_session: str | None) -> str:
+                 viewer_session: Viewer) -> str:
     """The pipeline graph as inline SVG (wrapped in a div for styling): one row per model."""
     if isinstance(infos, PipelineInfo):
         infos = {infos.name: infos}

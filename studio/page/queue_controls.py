@@ -1,9 +1,10 @@
 """The page's controls for the tab's own queue: Pause, Resume, Clear and a line saying how it stands.
 
 One set under the Simple tab's queue and one beside the editor; both act on the tab's engine
-session through studio.queue_actions, as the gradio_client endpoints and the HTTP API do. Clear
-also cancels the tab's requests still held back in their run's own queue (a workflow's branches
-beyond the session's limit), so nothing of the cleared queue starts afterwards.
+session through studio.queue_actions, as the gradio_client endpoints and the HTTP API do (and on
+the sessions the tab adopted after a restart: RunRegistry.sessions_of). Clear also cancels the
+tab's requests still held back in their run's own queue (a workflow's branches beyond the
+session's limit), so nothing of the cleared queue starts afterwards.
 """
 
 from __future__ import annotations
@@ -47,10 +48,16 @@ def wire_queue_controls(engine: EngineClient, registry: RunRegistry, controls: Q
         return state["message"][0].upper() + state["message"][1:] + "."
 
     def pause(request: gr.Request) -> str:
-        return note(queue_actions.pause_own_queue(engine, session_id_of(request)))
+        session = session_id_of(request)
+        for each in registry.sessions_of(session):
+            queue_actions.pause_own_queue(engine, each)
+        return note(queue_actions.queue_state(engine, session))
 
     def resume(request: gr.Request) -> str:
-        return note(queue_actions.resume_own_queue(engine, session_id_of(request)))
+        session = session_id_of(request)
+        for each in registry.sessions_of(session):
+            queue_actions.resume_own_queue(engine, each)
+        return note(queue_actions.queue_state(engine, session))
 
     def clear(request: gr.Request) -> str:
         session = session_id_of(request)
@@ -59,7 +66,8 @@ def wire_queue_controls(engine: EngineClient, registry: RunRegistry, controls: Q
             for branch in run.branches:
                 if branch.state == WAITING or (branch.state == QUEUED and branch.request_id is None):
                     held_back += run.cancel_branch(branch.branch.index)
-        cleared = queue_actions.clear_own_queue(engine, session)["cleared"] + held_back
+        cleared = held_back + sum(queue_actions.clear_own_queue(engine, each)["cleared"]
+                                  for each in registry.sessions_of(session))
         return f"Cleared {cleared} queued request{'s' if cleared != 1 else ''}; running ones go on. " + \
             note(queue_actions.queue_state(engine, session))
 
@@ -78,14 +86,18 @@ def wire_queue_controls(engine: EngineClient, registry: RunRegistry, controls: Q
                      api_visibility="private", show_progress="hidden")
 
 
-def move_from_page(engine: EngineClient, event: gr.EventData, request: gr.Request) -> bool:
-    """A row's ⤒ sent {action: "front", request_id}: move it first in the tab's queue. False for
-    any other press (a cancel)."""
+def move_from_page(engine: EngineClient, registry: RunRegistry, event: gr.EventData, request: gr.Request) -> bool:
+    """A row's ⤒ sent {action: "front", request_id}: move it first in its session's queue (the
+    tab's, or one it adopted). False for any other press (a cancel)."""
     data = event_payload(event)
     if data.get("action") != "front":
         return False
+    sessions = registry.sessions_of(session_id_of(request))
+    request_id = data.get("request_id")
+    session = next((view.session_id for view in engine.snapshot().requests
+                    if view.request_id == request_id and view.session_id in sessions), sessions[0])
     try:
-        queue_actions.move_own_request(engine, session_id_of(request), data.get("request_id"))
+        queue_actions.move_own_request(engine, session, request_id)
     except (PermissionError, ValueError, NotImplementedError) as exc:
         raise user_error(str(exc), "Can't move it") from None
     return True

@@ -13,7 +13,7 @@ import time
 from collections.abc import Container
 
 from engine import EngineSnapshot, RequestView
-from studio.queue_snapshot import short_id, visible_prompt
+from studio.queue_snapshot import Viewer, is_viewers, short_id, visible_prompt
 
 QUEUE_CSS = """
 .ss-queue table { width: 100%; border-collapse: collapse; font-size: 0.85rem; }
@@ -71,9 +71,9 @@ def _batch_cell(view: RequestView, mine_ids: set[str]) -> str:
 RESUMED = " · resumed after restart"
 
 
-def _row(view: RequestView, viewer_session: str | None, show_prompts: bool, mine_ids: set[str], now: float,
+def _row(view: RequestView, viewer_session: Viewer, show_prompts: bool, mine_ids: set[str], now: float,
          resumed: Container[str]) -> str:
-    mine = view.session_id == viewer_session
+    mine = is_viewers(view, viewer_session)
     prompt = visible_prompt(view, viewer_session, show_prompts)
     cells = (
         f"<code>{short_id(view.request_id)}</code>",
@@ -106,13 +106,13 @@ def render_stats(snapshot: EngineSnapshot) -> str:
 
 
 def render_queue(
-    snapshot: EngineSnapshot, viewer_session: str | None, show_prompts: bool = False, now: float | None = None,
+    snapshot: EngineSnapshot, viewer_session: Viewer, show_prompts: bool = False, now: float | None = None,
     resumed: Container[str] = (),
 ) -> str:
     """The queue table (HTML) as the viewer may see it. `now`: perf_counter time for waited times;
     `resumed`: the requests run again after a restart (their state says so)."""
     now = time.perf_counter() if now is None else now
-    mine_ids = {v.request_id for v in snapshot.requests if v.session_id == viewer_session}
+    mine_ids = {v.request_id for v in snapshot.requests if is_viewers(v, viewer_session)}
     header = "".join(f"<th>{name}</th>" for name in COLUMNS)
     if snapshot.requests:
         body = "".join(_row(v, viewer_session, show_prompts, mine_ids, now, resumed) for v in snapshot.requests)

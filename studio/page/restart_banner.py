@@ -2,8 +2,12 @@
 restarted; 3 of your requests were resumed." Each owner (a History owner: the browser, across
 reloads) is told once, on its first page load after the restart.
 
+Every page load of that owner also adopts the engine sessions its resumed work runs in (the tabs
+that started it are gone), so the tab's queue controls pause, resume and clear that work, and the
+live queue marks it "you" (studio.workflows.registry.RunRegistry.adopt).
+
     banner = build_restart_banner()                          # under the page's header
-    wire_restart_banner(banner, report, owners, browser_token, demo)
+    wire_restart_banner(banner, report, owners, registry, browser_token, demo)
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ import threading
 import gradio as gr
 
 from studio.server.history_owners import HistoryOwners
+from studio.sessions import session_id_of
 from studio.store.recovery import ResumeReport
+from studio.workflows.registry import RunRegistry
 
 RESTART_BANNER_CSS = """
 #ss-restart-banner { border-left: 4px solid var(--color-accent, #f97316); padding: 4px 10px;
@@ -24,7 +30,8 @@ RESTART_BANNER_CSS = """
 def restart_notice(resumed: int) -> str:
     requests = "1 of your requests was" if resumed == 1 else f"{resumed} of your requests were"
     return (f"**The studio restarted; {requests} resumed.** They run again from the start with the same "
-            "seeds; their results join your History as they finish.")
+            "seeds; their results join your History as they finish. This tab's queue buttons pause, resume or "
+            "clear them.")
 
 
 class RestartNotices:
@@ -53,13 +60,16 @@ def build_restart_banner() -> gr.Markdown:
 
 
 def wire_restart_banner(banner: gr.Markdown, report: ResumeReport | None, owners: HistoryOwners,
-                        browser_token: gr.BrowserState, demo: gr.Blocks) -> None:
+                        registry: RunRegistry, browser_token: gr.BrowserState, demo: gr.Blocks) -> None:
     if report is None:
         return
     notices = RestartNotices(report)
 
-    def show(token: str) -> dict:
-        notice = notices.for_owner(owners.of_browser(token))
+    def show(token: str, request: gr.Request) -> dict:
+        owner = owners.of_browser(token)
+        if owner:
+            registry.adopt(session_id_of(request), report.sessions_by_owner.get(owner, ()))
+        notice = notices.for_owner(owner)
         return gr.update(value=notice, visible=True) if notice else gr.update(visible=False)
 
     demo.load(show, inputs=browser_token, outputs=banner, api_name="ui_restart_banner",

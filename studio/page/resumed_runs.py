@@ -56,7 +56,7 @@ def resume_runs(runner, report: ResumeReport, max_age_s: float) -> threading.Thr
             store.run_finished(journaled.id)
             continue
         store.run_resumed(journaled.id)
-        report.resumed_by_owner[journaled.owner] += owed
+        report.resumed_for(journaled.owner, journaled.session, owed)
         resumed.append((run, compiled, journaled))
     if not resumed:
         return None

@@ -363,7 +363,7 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
 
     def cancel_one(event: gr.EventData, request: gr.Request) -> None:
         """A row's × (cancel) or ⤒ (move to the front of the tab's queue)."""
-        if move_from_page(engine, event, request):
+        if move_from_page(engine, runner.registry, event, request):
             return
         cancel_from_page(runner.registry, event, request)
 

@@ -17,7 +17,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +40,7 @@ from studio.page.workflow_tab import (
     wire_workflow_api,
     wire_workflow_tab,
 )
+from studio.queue_snapshot import Viewer
 from studio.sessions import session_id_of
 from studio.store.durable import DurableRequests
 from studio.store.recovery import ResumeReport
@@ -112,6 +113,8 @@ class LiveViews:
     show_prompts: bool
     refresh_s: float
     resumed_ids: Container[str] = ()  # requests run again after a restart (ResumeReport.request_ids)
+    # a tab's session -> every session it acts for (RunRegistry.sessions_of): their requests are "you"
+    sessions_of: Callable[[str], tuple[str, ...]] = lambda session: (session,)
     sent: SentViews = field(default_factory=SentViews)
 
     @property
@@ -136,8 +139,9 @@ class LiveViews:
         if last is not None and not final and now - last.streamed_at < self.refresh_s:
             return None, None  # a run's stream sent them less than a refresh period ago
         snapshot = self.engine.snapshot()
-        queue = render_queues(snapshot, session, self.show_prompts, self.resumed_ids)
-        graph = render_graph(snapshot, self.engine.infos, session)
+        viewer = self.sessions_of(session)
+        queue = render_queues(snapshot, viewer, self.show_prompts, self.resumed_ids)
+        graph = render_graph(snapshot, self.engine.infos, viewer)
         resend = last is None or (not from_stream and now - last.resent_at >= RESEND_S)
         self.sent.put(session, Sent(
             hash(queue), hash(graph),
@@ -147,7 +151,7 @@ class LiveViews:
                 graph if resend or hash(graph) != last.graph else None)
 
 
-def render_queues(snapshot, session: str, show_prompts: bool, resumed: Container[str] = ()) -> str:
+def render_queues(snapshot, session: Viewer, show_prompts: bool, resumed: Container[str] = ()) -> str:
     """The queue table; with engine replicas (serve/), one table per replica under its label: their
     snapshot then carries `replicas`, (label, that replica's EngineSnapshot) pairs."""
     parts = getattr(snapshot, "replicas", ())
@@ -171,12 +175,13 @@ def _build_header(engine: EngineClient) -> None:
     )
 
 
-def _build_live_views(engine: EngineClient, config: StudioOptions, resumed: ResumeReport | None) -> LiveViews:
+def _build_live_views(engine: EngineClient, config: StudioOptions, resumed: ResumeReport | None,
+                      registry: RunRegistry) -> LiveViews:
     with gr.Accordion("Pipeline and queue (live, all sessions)", open=True):
         graph = gr.HTML("", elem_id="ss-graph")
         queue = gr.HTML("", elem_id="ss-queue")
     return LiveViews(gr.Timer(config.queue_refresh_s), graph, queue, engine, config.show_prompts, config.queue_refresh_s,
-                     () if resumed is None else resumed.request_ids)
+                     () if resumed is None else resumed.request_ids, registry.sessions_of)
 
 
 def _wire_live_views(views: LiveViews) -> None:
@@ -216,18 +221,19 @@ def build_ui(engine: EngineClient, config: StudioOptions, store: OutputStore | N
                 form, panel = build_simple_tab(engine, config)
             with gr.Tab("History", id="history", elem_id="ss-tab-history") as history_page:
                 history = build_history_tab(store)
-        views = _build_live_views(engine, config, resumed)
+        views = _build_live_views(engine, config, resumed, runner.registry)
         wire_workflow_tab(runner, workflow_tab, browser_token, views)
         wire_simple_tab(runner, results, form, panel, browser_token, views)
         wire_history_tab(engine, store, history, history_page, browser_token, form, workflow_tab.editor, tabs, demo)
         _wire_live_views(views)
-        wire_restart_banner(banner, resumed, store.owners, browser_token, demo)
+        wire_restart_banner(banner, resumed, store.owners, runner.registry, browser_token, demo)
         wire_api_endpoints(engine, config, store, durable, resumed)
         wire_workflow_api(runner)
 
         def forget_tab(request: gr.Request) -> None:
             results.forget(session_id_of(request))
             views.sent.forget(session_id_of(request))
+            runner.registry.release(session_id_of(request))
 
         demo.unload(forget_tab)
     return demo

@@ -39,6 +39,14 @@ class ResumeReport:
     resumed_by_owner: Counter = field(default_factory=Counter)  # history owner -> requests resumed
     dropped: int = 0  # too old, or no longer valid for this server
     request_ids: set[str] = field(default_factory=set)  # the engine requests run again (the queue says so)
+    # history owner -> the engine sessions its resumed work runs in (the tabs that started it are
+    # gone: a returning browser's tab adopts them, studio.workflows.registry.RunRegistry.adopt)
+    sessions_by_owner: dict[str, set[str]] = field(default_factory=dict)
+
+    def resumed_for(self, owner: str, session: str, count: int = 1) -> None:
+        """Count `count` requests of `owner` resumed in engine session `session`."""
+        self.resumed_by_owner[owner] += count
+        self.sessions_by_owner.setdefault(owner, set()).add(session)
 
     @property
     def resumed(self) -> int:
@@ -84,7 +92,7 @@ def _resume_all(engine, durable, outputs, video_jobs, waiting_jobs, pending, max
             video_jobs.follow(job, entry)
         else:
             durable.follow(handle, entry, finish_image(outputs))
-        report.resumed_by_owner[entry.owner] += 1
+        report.resumed_for(entry.owner, entry.session)
     log.info("resumed %d accepted requests (%d not run again)", report.resumed, report.dropped)
 
 
