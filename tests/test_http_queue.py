@@ -12,6 +12,7 @@ import pytest
 from engine.queue_control import CLEAR_REASON
 from studio.api.http_routes import HttpApiConfig
 from tests.test_http_api import assert_openai_error, running_api, wait_until
+from tests.test_readme_claims import ToyVideo, api_server, create_video, statuses
 
 KEYS = {"alice": "key-alice", "bob": "key-bob"}
 
@@ -122,3 +123,23 @@ def test_without_an_admin_key_the_admin_routes_say_how_to_turn_them_on():
         # Without API keys a caller is its host; its own queue routes work as with keys.
         assert api.http.post("/v1/queue/pause", json={}).json()["paused"] is True
         assert api.engine.pause_state.sessions == frozenset({"http:host:127.0.0.1"})
+
+
+def test_a_video_job_is_named_by_its_video_id_in_the_queue_and_moved_by_it():
+    pipeline = ToyVideo()
+    with api_server(pipeline) as (_, http):
+        assert http.post("/v1/queue/pause", json={}).json()["paused"] is True
+        first, second = (create_video(http, seed=seed).json()["id"] for seed in (1, 2))
+        wait_until(lambda: http.get("/v1/queue").json()["waiting"] == 2, what="both video jobs queued")
+        queued = http.get("/v1/queue").json()["requests"]
+        assert [request["video_id"] for request in queued] == [first, second]
+        requests = {request["video_id"]: request["request_id"] for request in queued}
+        assert_openai_error(http.post("/v1/queue/video_nope/move", json={}), 404, param="request_id",
+                            code="request_not_found")
+        moved = http.post(f"/v1/queue/{second}/move", json={"before": first})
+        assert moved.status_code == 200 and (moved.json()["moved"], moved.json()["request_id"]) == (True, second)
+        wait_until(lambda: [r["video_id"] for r in http.get("/v1/queue").json()["requests"]] == [second, first],
+                   what="the moved job first")
+        http.post("/v1/queue/resume", json={}).raise_for_status()
+        wait_until(lambda: set(statuses(http).values()) == {"completed"}, what="both jobs completed")
+    assert pipeline.encoded.index(requests[second]) < pipeline.encoded.index(requests[first])

@@ -167,7 +167,7 @@ def build_router(
     video_jobs = video_jobs or video_jobs_for(config, outputs, None)
     router.video_jobs = video_jobs  # the restart's recovery resumes its unfinished jobs
     add_video_routes(router, engine_, config, caller, video_jobs)
-    add_queue_routes(router, engine_, config, caller, attempts)
+    add_queue_routes(router, engine_, config, caller, attempts, video_jobs.store)
     known = list(router.routes)
 
     @router.api_route("/v1/{path:path}", methods=_ALL_METHODS, include_in_schema=False)

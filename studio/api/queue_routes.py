@@ -1,11 +1,13 @@
 """The HTTP API's queue routes: each caller's own queue, and the operator's pause of the engine.
 
     GET  /v1/queue                      the caller's queue: paused or not, its requests and their places
+                                        (a video job's request carries its "video_id")
     POST /v1/queue/pause                {"abort_running": false}: its queued requests wait (running ones
                                         finish, or are aborted with abort_running)
     POST /v1/queue/resume               its queued requests start again
     POST /v1/queue/clear                {"include_running": false}: abort its queued (and running) requests
     POST /v1/queue/{request_id}/move    {"before": null}: to the front of its queue, or before another of its own
+                                        (either may be a video job's id, "video_...")
     GET  /v1/admin/queue                the operator's view: engine paused or not, every queued and running count
     POST /v1/admin/pause                nothing new starts for anyone; running requests finish
     POST /v1/admin/resume
@@ -33,6 +35,7 @@ from studio.api.callers import client_host
 from studio.api.config import HttpApiConfig
 from studio.api.errors import ApiError
 from studio.api.request_bodies import check_json_body, read_body_in_time
+from studio.api.video_jobs import VideoJobStore
 from studio.server.throttle import FailedAttempts, LockedOut
 
 
@@ -53,7 +56,8 @@ class MoveBody(_Body):
 
 
 def add_queue_routes(router: fastapi.APIRouter, engine_: engine.EngineClient, config: HttpApiConfig, caller,
-                     attempts: FailedAttempts) -> None:
+                     attempts: FailedAttempts, video_jobs: VideoJobStore) -> None:
+    """`video_jobs`: the caller's video jobs, whose ids name their requests here too."""
     async def acting(request: Request, body_type: type[_Body] | None, act) -> Response:
         """Who calls, its JSON body checked, then `act(session, body)`, answered as JSON."""
         try:
@@ -78,7 +82,7 @@ def add_queue_routes(router: fastapi.APIRouter, engine_: engine.EngineClient, co
 
     @router.get("/v1/queue", name="stepstudio_queue")
     async def own_queue(request: Request) -> Response:
-        return await acting(request, None, lambda session, _: _own_queue(engine_, session))
+        return await acting(request, None, lambda session, _: _own_queue(engine_, session, video_jobs))
 
     @router.post("/v1/queue/pause", name="stepstudio_queue_pause")
     async def pause(request: Request) -> Response:
@@ -97,10 +101,13 @@ def add_queue_routes(router: fastapi.APIRouter, engine_: engine.EngineClient, co
     @router.post("/v1/queue/{request_id}/move", name="stepstudio_queue_move")
     async def move(request_id: str, request: Request) -> Response:
         def act(session: str, body: MoveBody) -> dict:
+            ids = {}
             for name, value in (("request_id", request_id), ("before", body.before)):
-                if value is not None and not _is_own_request(engine_, value, session):
+                ids[name] = value if value is None else _request_of_video(video_jobs, value, session)
+                if value is not None and not _is_own_request(engine_, ids[name], session):
                     raise _unknown_request(name, value)
-            return queue_actions.move_own_request(engine_, session, request_id, body.before)
+            return {**queue_actions.move_own_request(engine_, session, ids["request_id"], ids["before"]),
+                    "request_id": request_id}
 
         return await acting(request, MoveBody, act)
 
@@ -128,10 +135,12 @@ def add_queue_routes(router: fastapi.APIRouter, engine_: engine.EngineClient, co
         return await admin(request, engine_.resume_engine)
 
 
-def _own_queue(engine_: engine.EngineClient, session: str) -> dict:
+def _own_queue(engine_: engine.EngineClient, session: str, video_jobs: VideoJobStore) -> dict:
     views = [view for view in engine_.snapshot().requests if view.session_id == session]
-    requests = [{"request_id": v.request_id, "model": v.model, "prompt": v.prompt, "state": v.state, "step": v.step,
-                 "total": v.total, "position": v.position, "paused": v.paused} for v in views]
+    videos = {job.handle.request_id: job.id for job in video_jobs.jobs_of(session) if job.handle is not None}
+    requests = [{"request_id": v.request_id, "video_id": videos.get(v.request_id), "model": v.model,
+                 "prompt": v.prompt, "state": v.state, "step": v.step, "total": v.total, "position": v.position,
+                 "paused": v.paused} for v in views]
     return {**queue_actions.queue_state(engine_, session), "requests": requests}
 
 
@@ -140,6 +149,12 @@ def _engine_queue(engine_: engine.EngineClient) -> dict:
     return {"engine_paused": state.engine, "paused_sessions": len(state.sessions),
             "waiting": len(snapshot.waiting), "running": len(snapshot.running),
             "message": "paused: nothing new starts; running requests finish" if state.engine else "running"}
+
+
+def _request_of_video(video_jobs: VideoJobStore, request_id: str, session: str) -> str:
+    """The request of the caller's video job `request_id` names (a "video_..." id), else the id itself."""
+    job = video_jobs.get(request_id, session) if request_id.startswith("video_") else None
+    return job.handle.request_id if job is not None and job.handle is not None else request_id
 
 
 def _is_own_request(engine_: engine.EngineClient, request_id: str, session: str) -> bool:
