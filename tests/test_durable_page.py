@@ -10,6 +10,7 @@ import socket
 
 import httpx
 
+from studio.page.ui import BROWSER_STORAGE_KEY
 from tests.browser_helpers import BROWSER_MARKS, browser, shot, sync_api  # noqa: F401 (fixture)
 from tests.test_durable_restart import count, rows
 from tests.test_http_api import wait_until
@@ -30,6 +31,7 @@ def free_port() -> int:
 
 def open_simple_tab(context, url: str):
     page = context.new_page()
+    page.set_default_timeout(120_000)  # each wait is for one event of a real studio, on a machine maybe loaded
     page.goto(url)
     page.get_by_role("tab", name="Simple").click()
     page.wait_for_selector("#ss-generate")
@@ -46,6 +48,9 @@ def test_a_returning_browser_is_told_what_was_resumed_and_finds_every_result(bro
         with app_process(*studio_args, step_delay_s=0.2) as first:
             url = first.url()
             page = open_simple_tab(context, url)
+            # The browser's History token (given by the page's first load event) is what the returning
+            # browser is known by: the batch must be started with it, not before it arrived.
+            page.wait_for_function(f"!!localStorage.getItem({BROWSER_STORAGE_KEY!r})", timeout=300_000)
             page.uncheck("#ss-random-seed input")
             page.fill("#ss-seed input", str(SEED))
             page.fill("#ss-steps input[type=number]", str(STEPS))

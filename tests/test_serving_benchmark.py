@@ -80,8 +80,18 @@ def test_serving_benchmark_video_smoke(tmp_path, capsys):
     for name, s in summaries.items():
         assert s["completed"] + s["aborted"] == 6 and s["failed"] == 0, name
         assert s["throughput_rpm"] == pytest.approx(60 * s["completed"] / s["wall_s"])
-    # The same seeded workload (seed 3 cancels two of the six) went to both systems.
-    assert summaries["diffusers"]["aborted"] == summaries["step4"]["aborted"] == 2
+    # The same seeded workload (seed 3 cancels two of the six) went to both systems: each asked for
+    # exactly those two cancels, and only a request whose cancel was asked ended aborted. (Step mode
+    # aborts both unless its follower thread hears the cancel's step after the engine has done the
+    # last one, which a loaded machine can make happen: that request then completes.)
+    records = {r["system"]: r["records"] for r in result["results"]}
+    for name in ("diffusers", "step4"):
+        cancelled = {r["index"] for r in records[name] if r["cancel_requested"] is not None}
+        aborted = {r["index"] for r in records[name] if r["status"] == "aborted"}
+        assert len(cancelled) == 2 and aborted <= cancelled, (name, cancelled, aborted)
+    assert {r["index"] for r in records["diffusers"] if r["cancel_requested"] is not None} == {
+        r["index"] for r in records["step4"] if r["cancel_requested"] is not None}
+    assert summaries["diffusers"]["aborted"] == 2  # one request at a time: its cancel always comes in time
     step4 = summaries["step4"]
     assert step4["peak_batch"] >= 2 and summaries["diffusers"]["peak_batch"] == 1
     assert step4["first_preview_p50_s"] > 0 and step4["cancel_latency_mean_s"] > 0
