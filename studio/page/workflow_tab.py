@@ -235,13 +235,21 @@ def _static_url(path: Path) -> str:
     return f"gradio_api/file={path}?v={version}"
 
 
+# The editor's gestures, one file each, attached to node_editor.js's editor as it mounts.
+EDITOR_PARTS = ("editor_colors.js", "editor_selection.js", "editor_clipboard.js", "editor_search.js",
+                "editor_link_drop.js", "editor_groups.js", "editor_menus.js", "editor_minimap.js",
+                "editor_full_screen.js", "editor_shortcuts.js")
+
+
 def editor_head() -> str:
     gr.set_static_paths([str(WEB_DIR), str(VENDOR_DIR)])
     return (
         f'<link rel="stylesheet" href="{_static_url(VENDOR_DIR / "drawflow.min.css")}">'
         f'<script src="{_static_url(VENDOR_DIR / "drawflow.min.js")}"></script>'
         f'<link rel="stylesheet" href="{_static_url(WEB_DIR / "node_editor.css")}">'
-        f'<script src="{_static_url(WEB_DIR / "node_editor.js")}"></script>'
+        f'<link rel="stylesheet" href="{_static_url(WEB_DIR / "editor_gestures.css")}">'
+        + "".join(f'<script src="{_static_url(WEB_DIR / part)}"></script>' for part in EDITOR_PARTS)
+        + f'<script src="{_static_url(WEB_DIR / "node_editor.js")}"></script>'
     )
 
 
