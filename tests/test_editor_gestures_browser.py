@@ -257,17 +257,26 @@ def test_copy_paste_and_duplicate_keep_the_links_between_copied_nodes_also_in_a_
     press(page, "Control+z")
     assert len(graph(page)["nodes"]) == 7 and len(links(page)) == 6
 
-    # Another tab of the same browser pastes them too.
+    # Another tab of the same browser pastes them too: the copy waits in the storage every tab of
+    # the studio shares, and on the system clipboard (for another browser), each enough alone.
     other = page.context.new_page()
     other.goto(studio[0].url)
     other.wait_for_selector("#ss-node-editor .drawflow-node")
+    stored = json.loads(other.evaluate("() => localStorage.getItem('stepstudio.clipboard')"))
+    assert (stored["kind"], sorted(n["type"] for n in stored["nodes"]), len(stored["links"])) == (
+        "stepstudio-nodes", ["grid", "sampler"], 1)
     other.evaluate(f"() => {EDITOR}.load({{version: 1, nodes: [], links: []}})")
     other.evaluate("() => document.querySelector('.sse-toolbar').scrollIntoView()")
-    other.mouse.move(*client(other, 100, 100))
-    other.keyboard.press("Control+v")
-    other.wait_for_function(f"() => {EDITOR}.toWorkflow().nodes.length == 2")
-    pasted = graph(other)
-    assert sorted(n["type"] for n in pasted["nodes"]) == ["grid", "sampler"] and len(pasted["links"]) == 1
+    for source in ("either", "the system clipboard alone"):
+        if source != "either":
+            other.evaluate("() => localStorage.removeItem('stepstudio.clipboard')")
+            other.keyboard.press("Control+z")
+            assert graph(other)["nodes"] == []
+        other.mouse.move(*client(other, 100, 100))
+        other.keyboard.press("Control+v")
+        other.wait_for_function(f"() => {EDITOR}.toWorkflow().nodes.length == 2")
+        pasted = graph(other)
+        assert sorted(n["type"] for n in pasted["nodes"]) == ["grid", "sampler"] and len(pasted["links"]) == 1, source
     shot(other, "gestures-pasted-in-another-tab")
     other.close()
 
