@@ -258,10 +258,14 @@ def build_workflow_tab(engine: EngineClient) -> WorkflowTab:
     default = examples.get(DEFAULT_EXAMPLE) or next(iter(examples.values()), {"version": 1, "nodes": [], "links": []})
 
     gr.Markdown(
-        "Build a workflow from nodes: drag them from the palette, link outputs to inputs of the same "
-        "colour, edit values on the nodes, then **Run**. Every branch of a Sampler (each combination of "
-        "its inputs' values) is one engine request; branches and other people's requests share each "
-        "denoise forward. Delete: select and press Del, or ×. Pan: drag the canvas; zoom: Ctrl+wheel.",
+        "Build a workflow from nodes: double-click the canvas to search for one (or drag it from the "
+        "palette), link outputs to inputs of the same colour (a link dropped on empty canvas offers the "
+        "nodes that fit), edit values on the nodes, then **Run** (Ctrl+Enter; Ctrl+Alt+Enter cancels). "
+        "Every branch of a Sampler (each combination of its inputs' values) is one engine request; "
+        "branches and other people's requests share each denoise forward. Right-click for menus; "
+        "Shift+drag selects several nodes; Ctrl+C / Ctrl+V / Ctrl+D copy, paste (also in another tab) "
+        "and duplicate; Ctrl+G groups; Del deletes; Ctrl+Z undoes. Pan: drag the canvas or the minimap; "
+        "zoom: Ctrl+wheel.",
         elem_id="ss-workflow-help",
     )
     editor = gr.HTML(
