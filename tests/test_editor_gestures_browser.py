@@ -256,6 +256,24 @@ def test_copy_paste_and_duplicate_keep_the_links_between_copied_nodes_also_in_a_
     assert len(graph(page)["nodes"]) == 9 and len(links(page)) == 7
     press(page, "Control+z")
     assert len(graph(page)["nodes"]) == 7 and len(links(page)) == 6
+    # Ctrl+X: copied, then gone; Ctrl+V brings it back where the mouse is.
+    (grid,) = node_ids(page, "grid")
+    page.click(f"#node-{grid} .sse-title-text")
+    press(page, "Control+x")
+    assert node_ids(page, "grid") == [] and len(links(page)) == 5
+    page.mouse.move(*client(page, 900, 500))
+    press(page, "Control+v")
+    page.wait_for_function(f"() => {EDITOR}.toWorkflow().nodes.length == 7")
+    assert [(n["position"], n["values"]) for n in graph(page)["nodes"] if n["type"] == "grid"] == [
+        ([900, 500], {"x": "guidance", "y": "steps"})]
+    press(page, "Control+z")
+    press(page, "Control+z")
+    assert layout(page) == sorted((n["type"], n["position"]) for n in XY["nodes"])
+    # The first copy again, for the other tab.
+    (sampler,), (grid,) = node_ids(page, "sampler"), node_ids(page, "grid")
+    page.click(f"#node-{sampler} .sse-title-text")
+    page.click(f"#node-{grid} .sse-title-text", modifiers=["Shift"])
+    press(page, "Control+c")
 
     # Another tab of the same browser pastes them too: the copy waits in the storage every tab of
     # the studio shares, and on the system clipboard (for another browser), each enough alone.

@@ -77,6 +77,8 @@
       this.copying = true; // the copy event that follows Ctrl+C puts it on the system clipboard too
       setTimeout(() => { this.copying = false; }, 0);
       try { localStorage.setItem(CLIPBOARD_KEY, this.text); } catch (e) { /* too large for storage: this tab keeps it */ }
+      // From the menu no copy event follows; the clipboard API (secure pages only) writes it instead.
+      if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(this.text).catch(() => {});
       this.editor.say(`Copied ${ids.length} node${ids.length === 1 ? "" : "s"}: Ctrl+V pastes, in this tab or another.`);
       return true;
     }

@@ -1056,9 +1056,9 @@
     mount(element, props, trigger, watch) {
       const editor = new NodeEditor(element, props, trigger, watch);
       editor.root.stepstudioEditor = editor; // for tests and the console: $(".sse-root").stepstudioEditor
-      const typing = (event) => { // keys typed into a field are the field's, never a shortcut
+      const typing = (event) => { // keys typed into a text field are the field's, never a shortcut
         const target = event.target || {};
-        return ["INPUT", "TEXTAREA", "SELECT"].includes(target.tagName) || !!target.isContentEditable;
+        return ["INPUT", "TEXTAREA"].includes(target.tagName) || !!target.isContentEditable;
       };
       for (const part of window.StepStudioEditorParts || []) part(editor, { h, escapeHtml, typing });
       editor.start();
