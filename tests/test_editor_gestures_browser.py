@@ -231,6 +231,17 @@ def test_right_click_menus_add_colour_duplicate_and_delete_each_with_an_undo(pag
         nodes = [n for n in graph(page)["nodes"] if n["type"] == "sampler"]
         assert len(nodes) == count and nodes[-1].get("color") == (colour if count > 1 else None)
 
+    # On a link: delete it.
+    typed = typed_links(page)
+    (seed,) = node_ids(page, "seed")
+    x, y = port(page, seed, "output", 1)
+    page.mouse.click(x + 12, y, button="right")  # on its link, just right of the port
+    assert menu_labels(page) == ["Delete link"]
+    page.click(".sse-menu-root > [data-label='Delete link']")
+    assert typed - typed_links(page) == {("seed", "seed", "sampler", "seed")}
+    press(page, "Control+z")
+    assert typed_links(page) == typed
+
 
 # ---------------------------------------------------------------------------- copy, paste, duplicate
 def test_copy_paste_and_duplicate_keep_the_links_between_copied_nodes_also_in_a_second_tab(page, studio):
