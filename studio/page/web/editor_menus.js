@@ -1,9 +1,9 @@
 /* Right-click menus (a part of studio/page/web/node_editor.js).
  *
  * On the canvas: search, add a node by category, add a group, paste, select all, fit. On a node
- * (or the selection it is part of): duplicate, copy, delete, colour, group. On a group's title:
- * the group's own menu (editor_groups.js). drawflow's own right-click (a lone "x" on the selected
- * node) never shows: the menu is decided before drawflow sees the event.
+ * (or the selection it is part of): duplicate, copy, delete, colour, group. On a link: delete it.
+ * On a group's title: the group's own menu (editor_groups.js). drawflow's own right-click (a lone
+ * "x" on the selected node or link) never shows: the menu is decided before drawflow sees the event.
  *
  * A node has no "bypass": the workflow format has no way to say that a node passes its input
  * through (the compiler would have to know it), so it is left out rather than faked.
@@ -37,8 +37,10 @@
       const at = { x: event.clientX, y: event.clientY };
       const groupTitle = event.target.closest(".sse-group-title");
       const nodeEl = event.target.closest(".drawflow-node");
+      const link = event.target.closest(".connection .main-path");
       let items = null;
       if (groupTitle && this.editor.groups) items = this.editor.groups.menu(groupTitle.parentElement, at);
+      else if (link) items = this.linkMenu(link);
       else if (nodeEl) items = this.nodeMenu(nodeEl.id.slice(5));
       else if (this.editor.onBackground(event.target)) items = this.canvasMenu(at);
       if (items) this.open(at, items);
@@ -82,6 +84,15 @@
         { label: "Colour", items: swatches },
         { label: "Group" + (many || " this node"), hint: "Ctrl+G", run: () => editor.groups.around(ids) },
       ];
+    }
+
+    linkMenu(path) {
+      const df = this.editor.df;
+      return [{ label: "Delete link", hint: "click, Del", run: () => {
+        if (df.connection_selected) df.connection_selected.classList.remove("selected");
+        df.connection_selected = path; // what drawflow's own removeConnection() removes
+        df.removeConnection();
+      } }];
     }
 
     // ------------------------------------------------------------------ drawing
