@@ -455,6 +455,15 @@ def test_ctrl_enter_runs_and_ctrl_alt_enter_cancels_but_not_from_a_text_field(pa
         press(page, keys)
     assert page.inner_text(".sse-message") != "Submitting…" and submitted == []
     assert len(graph(page)["nodes"]) == 3
+    # Nor while another tab of the page shows.
+    page.get_by_role("tab", name="Simple").click()
+    page.wait_for_selector("#ss-generate")
+    page.mouse.click(5, 5)
+    for keys in ("Control+a", "Delete", "Control+Enter"):
+        press(page, keys)
+    assert len(graph(page)["nodes"]) == 3 and submitted == []
+    page.get_by_role("tab", name="Workflow").click()
+    page.wait_for_selector(".sse-canvas .drawflow-node")
 
     pipeline = studio[2]
     gate = StepGate(min_requests=3)  # held while all three branches run: none can finish first
