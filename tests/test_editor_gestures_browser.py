@@ -464,6 +464,7 @@ def test_ctrl_enter_runs_and_ctrl_alt_enter_cancels_but_not_from_a_text_field(pa
     assert len(graph(page)["nodes"]) == 3 and submitted == []
     page.get_by_role("tab", name="Workflow").click()
     page.wait_for_selector(".sse-canvas .drawflow-node")
+    page.evaluate("() => getSelection().removeAllRanges()")  # the page text Ctrl+A selected there
 
     pipeline = studio[2]
     gate = StepGate(min_requests=3)  # held while all three branches run: none can finish first
