@@ -78,8 +78,7 @@
 
     draw() {
       const ctx = this.canvas.getContext("2d");
-      const map = this.layout();
-      this.map = map;
+      const map = this.map = this.layout();
       const px = (b) => [map.offX + (b.x - map.minX) * map.scale, map.offY + (b.y - map.minY) * map.scale,
                          Math.max(2, b.w * map.scale), Math.max(2, b.h * map.scale)];
       ctx.clearRect(0, 0, WIDTH, HEIGHT);
@@ -100,7 +99,7 @@
       if (event.button !== 0) return;
       event.stopPropagation(); // not a pan or a box (drawflow, editor_selection.js)
       event.preventDefault();
-      const map = this.map || this.layout();
+      const map = this.layout(); // as things are now (a redraw may be a frame behind), kept for the drag
       const to = (e) => {
         const box = this.canvas.getBoundingClientRect();
         const x = (e.clientX - box.left) * WIDTH / box.width, y = (e.clientY - box.top) * HEIGHT / box.height;
