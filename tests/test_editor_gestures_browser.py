@@ -17,12 +17,29 @@ import pytest
 from pipelines.interface import ModelDefaults
 from pipelines.toy import ToyPipeline
 from tests.browser_helpers import BROWSER_MARKS, browser, editor_page, shot, sync_api  # noqa: F401 (browser: a fixture)
+from tests.editor_driver import (
+    EDITOR,
+    center,
+    client,
+    drag,
+    graph,
+    layout,
+    links,
+    menu_labels,
+    node_ids,
+    open_workflow,
+    port,
+    positions,
+    press,
+    run_js,
+    search_entries,
+    typed_links,
+)
 from tests.engine_helpers import StepGate, spy_on_cancels, spy_on_submits
 from tests.studio_helpers import live_studio, wait_for
 
 pytestmark = BROWSER_MARKS
 
-EDITOR = "document.querySelector('.sse-root').stepstudioEditor"
 XY = json.loads((Path(__file__).resolve().parent.parent / "assets" / "workflows" / "guidance-steps-xy.json").read_text())
 EMPTY = {"version": 1, "nodes": [], "links": []}
 
@@ -46,86 +63,6 @@ def editor_in_view(page):
     """Each test opens its own workflow; the toolbar at the window's top, so the whole canvas shows."""
     page.evaluate("() => document.querySelector('.sse-toolbar').scrollIntoView()")
     yield
-
-
-# ---------------------------------------------------------------------------- reading and driving the editor
-def run_js(page, body: str, arg=None):
-    return page.evaluate(f"(arg) => {{ const editor = {EDITOR}; {body} }}", arg)
-
-
-def graph(page) -> dict:
-    """The workflow JSON the editor would send on Run."""
-    return run_js(page, "return editor.toWorkflow();")
-
-
-def open_workflow(page, workflow: dict) -> dict:
-    """Opens `workflow` (as a file would be) at zoom 1, unpanned; returns it with the editor's node ids."""
-    run_js(page, """editor.load(arg); editor.df.zoom_reset();
-        Object.assign(editor.df, { canvas_x: 0, canvas_y: 0 }); editor.df.precanvas.style.transform = 'translate(0px, 0px) scale(1)';
-        editor.emit('view');""", workflow)
-    return graph(page)
-
-
-def node_ids(page, node_type: str) -> list[str]:
-    return [n["id"] for n in graph(page)["nodes"] if n["type"] == node_type]
-
-
-def links(page) -> set[tuple[str, str, str, str]]:
-    return {(lk["from"]["node"], lk["from"]["port"], lk["to"]["node"], lk["to"]["port"]) for lk in graph(page)["links"]}
-
-
-def typed_links(page) -> set[tuple[str, str, str, str]]:
-    """The links by node type: what an undo restores (the editor numbers the nodes afresh)."""
-    workflow = graph(page)
-    type_of = {n["id"]: n["type"] for n in workflow["nodes"]}
-    return {(type_of[a], pa, type_of[b], pb) for a, pa, b, pb in links(page)}
-
-
-def positions(page) -> dict[str, list[int]]:
-    return {n["id"]: n["position"] for n in graph(page)["nodes"]}
-
-
-def layout(page) -> list[tuple[str, list[int]]]:
-    """Every node's type and place: what an undo restores (under new node ids)."""
-    return sorted((n["type"], n["position"]) for n in graph(page)["nodes"])
-
-
-def client(page, x: float, y: float) -> tuple[float, float]:
-    """Where canvas point (x, y) is in the window (zoom 1), to the whole pixel a mouse event has."""
-    box = run_js(page, "const r = editor.df.precanvas.getBoundingClientRect(); return [r.x, r.y];")
-    return round(box[0]) + x, round(box[1]) + y
-
-
-def center(page, selector: str) -> tuple[float, float]:
-    box = page.locator(selector).bounding_box()
-    return box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
-
-
-def drag(page, start: tuple[float, float], end: tuple[float, float], modifier: str | None = None) -> None:
-    page.mouse.move(*start)
-    if modifier:
-        page.keyboard.down(modifier)
-    page.mouse.down()
-    page.mouse.move(*end, steps=8)
-    page.mouse.up()
-    if modifier:
-        page.keyboard.up(modifier)
-
-
-def port(page, node_id: str, side: str, index: int) -> tuple[float, float]:
-    return center(page, f"#node-{node_id} .{side}s .{side}_{index}")
-
-
-def search_entries(page) -> list[str]:
-    return [el.inner_text() for el in page.query_selector_all(".sse-search-item .sse-search-title")]
-
-
-def menu_labels(page, selector: str = ".sse-menu-root") -> list[str]:
-    return page.eval_on_selector_all(f"{selector} > .sse-menu-item", "rows => rows.map((r) => r.dataset.label)")
-
-
-def press(page, keys: str) -> None:
-    page.keyboard.press(keys)
 
 
 # ---------------------------------------------------------------------------- search
@@ -247,6 +184,7 @@ def test_right_click_menus_add_colour_duplicate_and_delete_each_with_an_undo(pag
 def test_copy_paste_and_duplicate_keep_the_links_between_copied_nodes_also_in_a_second_tab(page, studio):
     open_workflow(page, XY)
     (sampler,), (grid,) = node_ids(page, "sampler"), node_ids(page, "grid")
+    before = links(page)
     page.click(f"#node-{sampler} .sse-title-text")
     page.click(f"#node-{grid} .sse-title-text", modifiers=["Shift"])
     assert sorted(run_js(page, "return editor.selection.selected();")) == sorted([sampler, grid])
@@ -255,7 +193,7 @@ def test_copy_paste_and_duplicate_keep_the_links_between_copied_nodes_also_in_a_
     press(page, "Control+v")
     page.wait_for_function(f"() => {EDITOR}.toWorkflow().nodes.length == 9")
     new_sampler, new_grid = node_ids(page, "sampler")[1], node_ids(page, "grid")[1]
-    assert links(page) - set(links_of(XY, graph(page))) == {(new_sampler, "images", new_grid, "images")}
+    assert links(page) - before == {(new_sampler, "images", new_grid, "images")}
     assert positions(page)[new_sampler] == [300, 820]  # the copied nodes' top-left at the mouse
     assert positions(page)[new_grid][0] - positions(page)[new_sampler][0] == 330  # as far apart as the originals
     assert [n["values"] for n in graph(page)["nodes"] if n["id"] == new_grid] == [{"x": "guidance", "y": "steps"}]
@@ -310,28 +248,22 @@ def test_copy_paste_and_duplicate_keep_the_links_between_copied_nodes_also_in_a_
     other.close()
 
 
-def links_of(workflow: dict, now: dict) -> set[tuple[str, str, str, str]]:
-    """`workflow`'s links in the editor's ids (the editor numbers nodes afresh; same order here)."""
-    ids = {old["id"]: new["id"] for old, new in zip(workflow["nodes"], now["nodes"])}
-    return {(ids[lk["from"]["node"]], lk["from"]["port"], ids[lk["to"]["node"]], lk["to"]["port"]) for lk in workflow["links"]}
-
-
 # ---------------------------------------------------------------------------- box-select, move, delete
 def test_a_box_selects_nodes_that_then_move_and_go_together(page):
     open_workflow(page, XY)
     sweeps = node_ids(page, "sweep")
-    start = positions(page)
+    start, laid_out = positions(page), layout(page)
     # Shift+drag on empty canvas: a box over the two Sweeps (and nothing else).
     drag(page, client(page, 20, 340), client(page, 280, 720), modifier="Shift")
     assert sorted(run_js(page, "return editor.selection.selected();")) == sorted(sweeps)
     assert page.locator(".drawflow-node.sse-picked").count() == 2
-    # A plain drag on the canvas still pans.
+    # Dragging one of them moves both.
     title = center(page, f"#node-{sweeps[0]} .sse-title-text")
     drag(page, title, (title[0] + 150, title[1] + 40))
     moved = positions(page)
     assert {i: [moved[i][0] - start[i][0], moved[i][1] - start[i][1]] for i in moved} == {
         i: [150, 40] if i in sweeps else [0, 0] for i in moved}
-    laid_out, moved_out = layout_of(start, page), layout(page)
+    moved_out = layout(page)
     shot(page, "gestures-box-moved")
     press(page, "Delete")
     assert sorted(n["type"] for n in graph(page)["nodes"]) == ["grid", "live_preview", "prompt", "sampler", "seed"]
@@ -340,11 +272,6 @@ def test_a_box_selects_nodes_that_then_move_and_go_together(page):
     assert layout(page) == moved_out and len(links(page)) == 6
     press(page, "Control+z")  # the move, one entry for both nodes
     assert layout(page) == laid_out
-
-
-def layout_of(place: dict[str, list[int]], page) -> list[tuple[str, list[int]]]:
-    type_of = {n["id"]: n["type"] for n in graph(page)["nodes"]}
-    return sorted((type_of[i], position) for i, position in place.items())
 
 
 # ---------------------------------------------------------------------------- groups
