@@ -231,9 +231,9 @@ def test_delete_undo_zoom_pan_save_and_upload(page, tmp_path):
     page.click("[data-action='zoom-reset']")
     assert zoom(page) == 1
     canvas = page.locator(".sse-canvas").bounding_box()
-    page.mouse.move(canvas["x"] + canvas["width"] - 40, canvas["y"] + canvas["height"] - 40)
+    page.mouse.move(canvas["x"] + canvas["width"] - 40, canvas["y"] + 500)  # right of the nodes, above the minimap
     page.mouse.down()
-    page.mouse.move(canvas["x"] + canvas["width"] - 140, canvas["y"] + canvas["height"] - 90, steps=5)
+    page.mouse.move(canvas["x"] + canvas["width"] - 140, canvas["y"] + 450, steps=5)
     page.mouse.up()
     transform = page.get_attribute(".sse-canvas .drawflow", "style")
     assert "translate(-100px, -50px)" in transform

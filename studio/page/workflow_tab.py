@@ -235,13 +235,21 @@ def _static_url(path: Path) -> str:
     return f"gradio_api/file={path}?v={version}"
 
 
+# The editor's gestures, one file each, attached to node_editor.js's editor as it mounts.
+EDITOR_PARTS = ("editor_colors.js", "editor_selection.js", "editor_clipboard.js", "editor_search.js",
+                "editor_link_drop.js", "editor_groups.js", "editor_menus.js", "editor_minimap.js",
+                "editor_full_screen.js", "editor_shortcuts.js")
+
+
 def editor_head() -> str:
     gr.set_static_paths([str(WEB_DIR), str(VENDOR_DIR)])
     return (
         f'<link rel="stylesheet" href="{_static_url(VENDOR_DIR / "drawflow.min.css")}">'
         f'<script src="{_static_url(VENDOR_DIR / "drawflow.min.js")}"></script>'
         f'<link rel="stylesheet" href="{_static_url(WEB_DIR / "node_editor.css")}">'
-        f'<script src="{_static_url(WEB_DIR / "node_editor.js")}"></script>'
+        f'<link rel="stylesheet" href="{_static_url(WEB_DIR / "editor_gestures.css")}">'
+        + "".join(f'<script src="{_static_url(WEB_DIR / part)}"></script>' for part in EDITOR_PARTS)
+        + f'<script src="{_static_url(WEB_DIR / "node_editor.js")}"></script>'
     )
 
 
@@ -250,10 +258,14 @@ def build_workflow_tab(engine: EngineClient) -> WorkflowTab:
     default = examples.get(DEFAULT_EXAMPLE) or next(iter(examples.values()), {"version": 1, "nodes": [], "links": []})
 
     gr.Markdown(
-        "Build a workflow from nodes: drag them from the palette, link outputs to inputs of the same "
-        "colour, edit values on the nodes, then **Run**. Every branch of a Sampler (each combination of "
-        "its inputs' values) is one engine request; branches and other people's requests share each "
-        "denoise forward. Delete: select and press Del, or ×. Pan: drag the canvas; zoom: Ctrl+wheel.",
+        "Build a workflow from nodes: double-click the canvas to search for one (or drag it from the "
+        "palette), link outputs to inputs of the same colour (a link dropped on empty canvas offers the "
+        "nodes that fit), edit values on the nodes, then **Run** (Ctrl+Enter; Ctrl+Alt+Enter cancels). "
+        "Every branch of a Sampler (each combination of its inputs' values) is one engine request; "
+        "branches and other people's requests share each denoise forward. Right-click for menus; "
+        "Shift+drag selects several nodes; Ctrl+C / Ctrl+V / Ctrl+D copy, paste (also in another tab) "
+        "and duplicate; Ctrl+G groups; Del deletes; Ctrl+Z undoes. Pan: drag the canvas or the minimap; "
+        "zoom: Ctrl+wheel.",
         elem_id="ss-workflow-help",
     )
     editor = gr.HTML(

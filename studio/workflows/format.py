@@ -7,6 +7,9 @@ A workflow is JSON (version 1):
                {"id": "2", "type": "sampler", "values": {}, "position": [320, 60]}],
      "links": [{"from": {"node": "1", "port": "prompt"}, "to": {"node": "2", "port": "prompt"}}]}
 
+A node may also have a "color", and the workflow "groups": what the editor draws, kept with the
+workflow and never read by the compiler (`studio.workflows.layout`).
+
 Every port has a type; a link joins an output to an input of the same type, and an input takes
 at most one link. The node types (`studio.workflows.nodes`) say which ports and fields each
 node has; `studio.workflows.compiler` checks and expands a workflow.
@@ -22,6 +25,7 @@ from typing import Any
 
 from pipelines.params import MAX_PROMPT_CHARS
 from studio.pictures import MAX_DATA_URL_CHARS
+from studio.workflows.layout import Group, parse_color, parse_groups
 from studio.workflows.nodes import NODE_TYPES
 
 WORKFLOW_VERSION = 1
@@ -84,6 +88,13 @@ class Node:
     type: str
     values: dict[str, Any] = field(default_factory=dict, hash=False)
     position: tuple[float, float] = (0.0, 0.0)
+    color: str | None = None  # the editor's colour for the node ("#rrggbb"); the compiler ignores it
+
+    def to_json(self) -> dict:
+        node = {"id": self.id, "type": self.type, "values": dict(self.values), "position": list(self.position)}
+        if self.color is not None:
+            node["color"] = self.color
+        return node
 
 
 @dataclass(frozen=True)
@@ -103,15 +114,18 @@ class Workflow:
     nodes: dict[str, Node] = field(hash=False)
     links: tuple[Link, ...]
     version: int = WORKFLOW_VERSION
+    groups: tuple[Group, ...] = ()  # the editor's titled frames (studio.workflows.layout)
 
     def to_json(self) -> dict:
-        return {
+        workflow = {
             "version": self.version,
-            "nodes": [{"id": n.id, "type": n.type, "values": dict(n.values), "position": list(n.position)}
-                      for n in self.nodes.values()],
+            "nodes": [node.to_json() for node in self.nodes.values()],
             "links": [{"from": {"node": link.source.node, "port": link.source.port},
                        "to": {"node": link.target.node, "port": link.target.port}} for link in self.links],
         }
+        if self.groups:
+            workflow["groups"] = [group.to_json() for group in self.groups]
+        return workflow
 
 
 def link_json(source: str, port: str, target: str, target_port: str | None = None) -> dict:
@@ -305,9 +319,12 @@ def parse_workflow(source: str | bytes | dict) -> Workflow:
             problem = _value_problem(node_id, name, value, MAX_PICTURE_CHARS if name in pictures else MAX_VALUE_CHARS)
             if problem is not None:
                 problems.append(problem)  # the node still counts, so its links are checked
+        color, color_problem = parse_color(raw.get("color"), "the node's")
+        if color_problem:
+            problems.append(Problem(color_problem, node_id))
         merged = NODE_TYPES[node_type].default_values()
         merged.update({k: v for k, v in values.items() if k in merged})
-        nodes[node_id] = Node(node_id, node_type, merged, _position(raw.get("position")))
+        nodes[node_id] = Node(node_id, node_type, merged, _position(raw.get("position")), color)
 
     links: list[Link] = []
     linked_inputs: set[Endpoint] = set()
@@ -341,6 +358,8 @@ def parse_workflow(source: str | bytes | dict) -> Workflow:
             continue
         linked_inputs.add(target_end)
         links.append(Link(source_end, target_end))
+    groups, group_problems = parse_groups(source.get("groups"))
+    problems += [Problem(message) for message in group_problems]
     if problems:
         raise WorkflowError(problems)
-    return Workflow(nodes=nodes, links=tuple(links))
+    return Workflow(nodes=nodes, links=tuple(links), groups=groups)

@@ -7,6 +7,11 @@
  * mergeRun).
  *
  * Mounted from js_on_load:  StepStudioEditor.mount(element, props, trigger, watch)
+ *
+ * The gestures (search, menus, selection, clipboard, groups, minimap, shortcuts) live in their own
+ * editor_*.js files: each registers a part in window.StepStudioEditorParts, attached to the editor
+ * before its first workflow loads, and talks to it through on()/emit() (events: "saving" with the
+ * workflow being written, "loaded" with the workflow and its new node ids, "committed", "view").
  */
 (function () {
   "use strict";
@@ -47,10 +52,18 @@
       this.models = props.models || [];
       this.loras = props.loras || [];
       this.undoStack = [];
+      this.redoStack = [];
+      this.hooks = {};
       this.quiet = 0; // > 0 while loading a workflow: no undo entries, no link checks
       this.runState = null;
+      this.watch = watch;
       this.build();
       this.startDrawflow();
+    }
+
+    // The first workflow loads once the parts are attached (they keep what it holds for them).
+    start() {
+      const props = this.props, watch = this.watch;
       const saved = this.readStorage(STORAGE_KEY);
       this.load(saved || this.parse(props.value) || this.examples[props.default_example] || { version: 1, nodes: [], links: [] });
       watch("run_state", () => this.showRun(this.props.run_state));
@@ -62,7 +75,14 @@
           if (workflow) this.load(workflow, "Opened a workflow.");
         }
       });
-      window.addEventListener("keydown", (event) => this.onKey(event));
+    }
+
+    on(name, handler) {
+      (this.hooks[name] = this.hooks[name] || []).push(handler);
+    }
+
+    emit(name, ...args) {
+      for (const handler of this.hooks[name] || []) handler(...args);
     }
 
     // ------------------------------------------------------------------ page structure
@@ -75,7 +95,7 @@
       this.fileInput = h("input", { type: "file", accept: ".json,.png,application/json,image/png", class: "sse-file",
                                     onchange: (e) => this.onUpload(e.target.files[0]) });
       this.message = h("span", { class: "sse-message", role: "status" });
-      const toolbar = h("div", { class: "sse-toolbar" }, [
+      const toolbar = this.toolbar = h("div", { class: "sse-toolbar" }, [
         button("▶ Run", "run", "Run the workflow on the shared engine", "sse-primary sse-run"),
         button("■ Cancel", "cancel", "Cancel the whole run at the next step boundary", "sse-stop sse-cancel"),
         h("span", { class: "sse-sep" }),
@@ -86,6 +106,7 @@
         this.fileInput,
         h("span", { class: "sse-sep" }),
         button("↶ Undo", "undo", "Undo the last edit (Ctrl+Z)"),
+        button("↷ Redo", "redo", "Redo what was undone (Ctrl+Shift+Z or Ctrl+Y)"),
         button("−", "zoom-out", "Zoom out"),
         button("+", "zoom-in", "Zoom in"),
         button("1:1", "zoom-reset", "Reset zoom"),
@@ -136,6 +157,9 @@
       df.zoom_min = 0.3;
       df.zoom_max = 2.0;
       df.start();
+      // drawflow knows a press on its container (to pan) by the container's *first* class; with
+      // "sse-canvas" first, the area a pan uncovers would never pan again: no pan without limit.
+      this.canvas.className = "parent-drawflow sse-canvas";
       this.df = df;
       df.on("connectionCreated", (c) => this.onConnection(c));
       // drawflow drops a link from a node onto its own input without a word: note it, then say why.
@@ -144,6 +168,13 @@
       df.on("connectionRemoved", () => this.changed());
       df.on("nodeRemoved", () => this.changed());
       df.on("nodeMoved", () => this.changed());
+      // drawflow 0.0.60 writes a dragged node's position from offsetLeft/Top read again after it
+      // moved the node: its data runs one mouse step ahead of the drawn node (saved, the node
+      // jumps on reload; a selection moving with it drifts). Where the node is drawn is the truth.
+      df.on("mouseMove", () => {
+        const node = df.drag && df.ele_selected && df.drawflow.drawflow.Home.data[df.ele_selected.id.slice(5)];
+        if (node) Object.assign(node, { pos_x: parseFloat(df.ele_selected.style.left), pos_y: parseFloat(df.ele_selected.style.top) });
+      });
       df.on("nodeDataChanged", (id) => this.onNodeData(id));
     }
 
@@ -342,6 +373,20 @@
       return this.addNode(typeName, point.x, point.y);
     }
 
+    // A node placed by code (a selection or a group moving with the node being dragged).
+    moveNodeTo(id, x, y) {
+      const node = this.df.drawflow.drawflow.Home.data[id], el = this.nodeElement(id);
+      if (!node || !el) return;
+      Object.assign(node, { pos_x: x, pos_y: y });
+      Object.assign(el.style, { left: x + "px", top: y + "px" });
+      this.df.updateConnectionNodes("node-" + id);
+    }
+
+    // Whether a pointer event landed on the canvas itself: no node, port or link under it.
+    onBackground(target) {
+      return target === this.canvas || target === this.df.precanvas;
+    }
+
     toCanvas(clientX, clientY) {
       const pre = this.df.precanvas;
       const scale = pre.clientWidth / (pre.clientWidth * this.df.zoom);
@@ -469,7 +514,9 @@
           }
         });
       }
-      return { version: 1, nodes, links };
+      const workflow = { version: 1, nodes, links };
+      this.emit("saving", workflow); // the parts add what they keep (groups, node colours)
+      return workflow;
     }
 
     load(workflow, message) {
@@ -498,6 +545,7 @@
           if (out >= 0 && inp >= 0) this.df.addConnection(from, to, "output_" + (out + 1), "input_" + (inp + 1));
         }
         for (const id of Object.values(ids)) this.syncFields(id);
+        this.emit("loaded", workflow, ids);
         if (unknown.length) this.say("Skipped unknown node types: " + unknown.join(", "), "error");
         else if (cycles.length) this.say("Skipped links that would make a cycle: " + cycles.join("; ") + ".", "error");
         else if (message) this.say(message);
@@ -544,11 +592,14 @@
       if (this.undoStack[this.undoStack.length - 1] !== entry) {
         this.undoStack.push(entry);
         if (this.undoStack.length > UNDO_LIMIT) this.undoStack.shift();
+        if (!this.restoring) this.redoStack = []; // a new edit: what was undone can't come back
       }
+      this.restoring = false;
       this.lastCommitted = json;
       this.props.value = json; // keeps the component's value (what Run sends) equal to the graph
       try { localStorage.setItem(STORAGE_KEY, json); } catch (e) { /* storage full or disabled */ }
       this.root.dataset.nodes = String(Object.keys(this.df.drawflow.drawflow.Home.data).length);
+      this.emit("committed", workflow);
     }
 
     changedSoon() {
@@ -558,9 +609,19 @@
 
     undo() {
       if (this.undoStack.length < 2) { this.say("Nothing to undo."); return; }
-      this.undoStack.pop();
-      const previous = this.undoStack.pop();
-      this.load(this.withPictures(JSON.parse(previous)), "Undone.");
+      this.redoStack.push(this.undoStack.pop());
+      this.restore(this.undoStack.pop(), "Undone.");
+    }
+
+    redo() {
+      if (!this.redoStack.length) { this.say("Nothing to redo."); return; }
+      this.restore(this.redoStack.pop(), "Redone.");
+    }
+
+    restore(entry, message) {
+      // The reload commits the entry again (with the editor's new node ids), keeping the redo stack.
+      this.restoring = true;
+      this.load(this.withPictures(JSON.parse(entry)), message);
     }
 
     // Undo entries name each picture by a number instead of holding its data URL (a hundred
@@ -596,11 +657,12 @@
       if (action === "download") return this.download();
       if (action === "upload") return this.fileInput.click();
       if (action === "undo") return this.undo();
+      if (action === "redo") return this.redo();
       if (action === "zoom-in") return this.df.zoom_in();
       if (action === "zoom-out") return this.df.zoom_out();
       if (action === "zoom-reset") return this.df.zoom_reset();
       if (action === "fit") return this.fit();
-      if (action === "clear") { this.df.clear(); this.changed(); this.say("Cleared (Undo brings it back)."); }
+      if (action === "clear") { this.load({ version: 1, nodes: [], links: [] }, "Cleared (Undo brings it back)."); }
     }
 
     fit() {
@@ -619,14 +681,7 @@
       const y = pad + ((H - 2 * pad) - (maxY - minY) * zoom) / 2 - H / 2 - (minY - H / 2) * zoom;
       Object.assign(this.df, { zoom, zoom_last_value: zoom, canvas_x: x, canvas_y: y });
       pre.style.transform = `translate(${x}px, ${y}px) scale(${zoom})`;
-    }
-
-    onKey(event) {
-      const typing = ["INPUT", "TEXTAREA", "SELECT"].includes((event.target || {}).tagName);
-      if (!typing && (event.ctrlKey || event.metaKey) && event.key.toLowerCase() === "z" && this.root.isConnected) {
-        event.preventDefault();
-        this.undo();
-      }
+      this.emit("view");
     }
 
     run() {
@@ -1001,6 +1056,12 @@
     mount(element, props, trigger, watch) {
       const editor = new NodeEditor(element, props, trigger, watch);
       editor.root.stepstudioEditor = editor; // for tests and the console: $(".sse-root").stepstudioEditor
+      const typing = (event) => { // keys typed into a text field are the field's, never a shortcut
+        const target = event.target || {};
+        return ["INPUT", "TEXTAREA"].includes(target.tagName) || !!target.isContentEditable;
+      };
+      for (const part of window.StepStudioEditorParts || []) part(editor, { h, escapeHtml, typing });
+      editor.start();
       return editor;
     },
   };
