@@ -19,6 +19,7 @@ from PIL import Image
 from pipelines.toy import ToyPipeline
 from studio.media import write_mp4
 from studio.outputs import OutputStore
+from studio.page.workflow_tab import WEB_DIR
 from studio.server import server_compat
 from studio.server.history_owners import HistoryOwners
 from tests.studio_helpers import live_studio, wait_for
@@ -59,6 +60,14 @@ def test_a_file_cut_short_and_deleted_while_it_is_sent_arrives_whole(capfd):
         # A file that is gone before it is asked for: a clean answer before any byte of it.
         gone = http.get(f"{server.url}gradio_api/file={path}")
         assert gone.status_code in (403, 404)
+        # The page's own scripts, which Gradio compresses (the body is shorter than the file), and
+        # part of a file (a Range request, as a video player asks) come as they are.
+        script = WEB_DIR / "lightbox.js"
+        compressed = http.get(f"{server.url}gradio_api/file={script}", headers={"Accept-Encoding": "br, gzip"})
+        assert compressed.status_code == 200 and compressed.headers["content-encoding"] in ("br", "gzip")
+        assert compressed.content == script.read_bytes()
+        part = http.get(f"{server.url}gradio_api/file={script}", headers={"Range": "bytes=3-9"})
+        assert part.status_code == 206 and part.content == script.read_bytes()[3:10]
     no_traceback(capfd)
 
 

@@ -70,7 +70,10 @@ class _Answer:
 
     @property
     def whole(self) -> bool:
-        return self.start is not None and self.ended and (self.declared is None or self.size == self.declared)
+        """Ended, and as long as declared (a file's answer, 200 or 206; others are taken as they are)."""
+        if self.start is None or not self.ended:
+            return False
+        return self.start["status"] not in (200, 206) or self.declared is None or self.size == self.declared
 
     async def send(self) -> None:
         await self._send(self.start)
@@ -114,9 +117,10 @@ class WholeFileAnswers:
 def _unchanged(path: str, answer: _Answer) -> bool:
     """Whether a whole file's answer is as long as the file is now: a file being rewritten in place
     can be read, consistently, while it is still short, or empty (truncated, not yet written: no
-    file the studio sends is empty). A file deleted since was read whole."""
-    if answer.start["status"] != 200:
-        return True  # an error, or part of the file (a Range request): nothing to compare
+    file the studio sends is empty). A file deleted since was read whole. (Gradio compresses text files,
+the editor's scripts and styles: their answers are compared with their headers only.)"""
+    if answer.start["status"] != 200 or b"content-encoding" in dict(answer.start.get("headers", [])):
+        return True  # an error, part of the file (a Range request) or a compressed one: nothing to compare
     if answer.size == 0:
         return False
     try:
