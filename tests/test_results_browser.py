@@ -120,6 +120,16 @@ def test_a_grid_opens_large_enough_to_read_and_closes(page):
     page.mouse.click(20, 20)
     page.wait_for_selector(".ss-lightbox", state="detached")
     assert page.evaluate("() => document.querySelector('.sse-root').stepstudioEditor.toWorkflow().nodes.length") == 7
+    # The grid among the run's results (grids first), opened in the gallery, opens in the lightbox too.
+    detailed = "#ss-workflow-results img[data-testid='detailed-image']"
+    if not page.locator(detailed).is_visible():
+        page.locator("#ss-workflow-results .thumbnail-item").first.click()
+    page.wait_for_selector(detailed)
+    page.click(detailed)
+    page.wait_for_selector(".ss-lightbox img")
+    assert lightbox(page)["natural"][0] > 2 * 128 and lightbox(page)["scale"] >= 1  # the grid, not a cell
+    page.keyboard.press("Escape")
+    page.wait_for_selector(".ss-lightbox", state="detached")
 
 
 def test_history_lists_the_grid_and_opens_it_large(page):
