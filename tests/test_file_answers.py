@@ -71,10 +71,32 @@ def test_a_file_cut_short_and_deleted_while_it_is_sent_arrives_whole(capfd):
     no_traceback(capfd)
 
 
+def test_a_file_swept_right_after_gradio_found_it_answers_cleanly(monkeypatch, capfd):
+    """The sweeper deletes a file between Gradio's check that it exists and Starlette's stat of it
+    (the moment is made certain here: the file goes as Gradio's check returns): a clean answer."""
+    import gradio.routes
+
+    picture = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 30, 30)).save(picture, format="PNG")
+    path = served_file("swept.png", picture.getvalue())
+    checked = gradio.routes.file_fetch
+
+    def then_swept(path_or_url, *args):
+        answer = checked(path_or_url, *args)
+        Path(path_or_url).unlink(missing_ok=True)
+        return answer
+
+    monkeypatch.setattr(gradio.routes, "file_fetch", then_swept)
+    with live_studio(ToyPipeline()) as (server, _):
+        answer = httpx.get(f"{server.url}gradio_api/file={path}", timeout=60)
+    assert answer.status_code in (403, 404), (answer.status_code, answer.text[:200])
+    no_traceback(capfd)
+
+
 def test_the_history_tab_open_during_sweeps_of_temp_files_gets_whole_files_or_clean_answers(tmp_path, capfd):
-    """History listed again and again (the tab opened, Refresh), its pictures fetched by four
-    readers at once, while the studio's sweeper deletes every cached file older than a second:
-    each answer is the listed file, whole, or a clean 403/404 for one swept already."""
+    """History listed (the tab opened), its pictures fetched again and again by four readers at once
+    while the studio's own sweeper (--temp-file-ttl 1) deletes the copies Gradio made for the page:
+    each answer is a whole picture, or a clean 403/404 once it is gone; listed again, all come whole."""
     outputs = tmp_path / "outputs"
     with live_studio(ToyPipeline(), outputs, temp_file_ttl_s=1) as (server, _):
         page = Page(server.url)
@@ -83,33 +105,50 @@ def test_the_history_tab_open_during_sweeps_of_temp_files_gets_whole_files_or_cl
         owner = HistoryOwners.in_folder(outputs / "history").of_browser(token)
         for seed in range(6):
             store.save(completed(f"picture {seed}", seed=seed), owner)
-        frames = [Image.new("RGB", (32, 32), (40 * i, 90, 200 - 20 * i)) for i in range(9)]
+        frames = tuple(Image.new("RGB", (32, 32), (40 * i, 90, 200 - 20 * i)) for i in range(9))
         video = completed("a video", seed=9)
-        store.save(type(video)(images=tuple(frames), seed=9, params=video.params, timings=video.timings), owner)
-        answers: dict[str, int] = {}
+        store.save(type(video)(images=frames, seed=9, params=video.params, timings=video.timings), owner)
+        answers: list[int] = []
         lock = threading.Lock()
 
-        def fetch(item: dict) -> None:
-            url = item["image"]["url"]
-            answer = httpx.get(url, timeout=60)  # a cut answer would raise RemoteProtocolError here
+        def fetch(item: dict) -> int:
+            answer = httpx.get(item["image"]["url"], timeout=60)  # a cut answer raises RemoteProtocolError
             if answer.status_code == 200:
-                assert len(answer.content) == int(answer.headers["content-length"]) > 0, url
+                assert len(answer.content) == int(answer.headers["content-length"]) > 0
                 with Image.open(io.BytesIO(answer.content)) as picture:
                     picture.load()  # a whole PNG (or the video's GIF): a cut one fails to decode
             else:
                 assert answer.status_code in (403, 404), (answer.status_code, answer.text[:200])
             with lock:
-                answers[str(answer.status_code)] = answers.get(str(answer.status_code), 0) + 1
+                answers.append(answer.status_code)
+            return answer.status_code
 
-        def a_round() -> bool:
-            listed = page.listed(token)
-            assert len(listed) == 7
-            with ThreadPoolExecutor(4) as readers:
-                list(readers.map(fetch, listed * 3))
-            return answers.get("200", 0) > 0 and answers.get("403", 0) + answers.get("404", 0) > 0
+        listed = page.listed(token)
+        assert len(listed) == 7
+        copies = [Path(item["image"]["path"]) for item in listed]  # what Gradio copied into its cache
+        swept = threading.Event()
 
-        # Until a sweep has taken files that a listing handed out (and others came whole).
-        wait_for(a_round, timeout_s=120, what="a sweep to delete files the History tab listed")
+        def reader() -> list[int]:
+            while not swept.is_set():
+                for item in listed:
+                    fetch(item)
+            return [fetch(item) for item in listed]  # once more, after the sweep
+
+        with ThreadPoolExecutor(4) as readers:
+            running = [readers.submit(reader) for _ in range(4)]
+            try:
+                wait_for(lambda: not any(copy.exists() for copy in copies), timeout_s=60,
+                         what="the sweeper to delete every file the listing handed out")
+            finally:
+                swept.set()
+            after = [status for done in running for status in done.result()]
+        assert 200 in answers and set(answers) <= {200, 403, 404}
+        assert after == [403] * 4 * len(listed)  # after the sweep: gone, said before any byte (Gradio's 403)
+        # The tab opened again (or Refresh) lists them again: all whole.
+        answers.clear()
+        for item in page.listed(token):
+            fetch(item)
+        assert answers == [200] * 7
     no_traceback(capfd)
 
 
