@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import io
+import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
     from engine import Completed
 
 DEFAULT_FPS = 16
+POSTER_MAX_PX = 256  # a video's animated poster in History
 VIDEO_FILE_TTL_S = 600  # Gradio copies a returned file into its own cache; ours can go soon after
 VIDEOS = TempFolder("stepstudio-videos", ttl_s=VIDEO_FILE_TTL_S)  # the MP4s written for Gradio to send
 
@@ -62,6 +65,32 @@ def animated_gif(frames: Sequence[Image.Image], fps: int = 8, max_px: int | None
     shown[0].save(buffer, format="GIF", save_all=True, append_images=shown[1:], loop=0,
                   duration=max(20, round(1000 / max(fps, 1))), disposal=1)
     return buffer.getvalue()
+
+
+def read_mp4(path: Path | str) -> tuple[list[Image.Image], float]:
+    """An MP4's frames (RGB) and its frames per second, read back with imageio-ffmpeg."""
+    import imageio_ffmpeg
+
+    reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24")
+    meta = next(reader)
+    size = meta["size"]
+    frames = [Image.frombytes("RGB", size, bytes(frame)) for frame in reader]
+    return frames, float(meta["fps"])
+
+
+def animated_poster(video: Path | str, max_px: int = POSTER_MAX_PX) -> Path:
+    """A saved video as a looping GIF beside it (`<name>.gif`, every frame at the video's own fps,
+    shrunk to at most `max_px`): what History shows for it. Made once, written under a temporary
+    name and renamed into place, so a poster being sent is never rewritten under its reader."""
+    video = Path(video)
+    poster = video.with_suffix(".gif")
+    if poster.exists() and poster.stat().st_mtime >= video.stat().st_mtime:
+        return poster
+    frames, fps = read_mp4(video)
+    staging = poster.with_name(f".{poster.name}.{os.getpid()}.{threading.get_ident()}")
+    staging.write_bytes(animated_gif(frames, round(fps), max_px))
+    os.replace(staging, poster)
+    return poster
 
 
 def data_url(data: bytes, mime: str) -> str:

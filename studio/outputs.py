@@ -12,7 +12,9 @@ history file, which the History view reads; owner keys come from `studio.server.
 browser's signed token, or an API caller's session, under the server's secret), so a reload finds
 its results and nobody can list another caller's.
 
-Layout: <folder>/<YYYY-MM-DD>/<NNNNN>-<seed>.png   (NNNNN counts up within the day)
+Layout: <folder>/<YYYY-MM-DD>/<NNNNN>-<seed>.png   (NNNNN counts up within the day; .mp4 and a
+                                                   .png poster for a video, <NNNNN>-grid.png for
+                                                   a workflow's X/Y grid)
         <folder>/studio.db                         (the history index, with the studio's other durable state)
         <folder>/history/secret.key                (what History tokens are signed with)
 """
@@ -168,7 +170,7 @@ class SavedOutput:
     path: str  # the image, or the video
     poster: str | None  # a video's first frame (PNG with the same chunks)
     owner: str
-    kind: str  # "image" | "video"
+    kind: str  # "image" | "video" | "grid" (a workflow run's X/Y grid)
     created: float
     parameters: str  # the infotext
     settings: dict  # parse_infotext(parameters), plus "model"
@@ -203,7 +205,7 @@ class OutputStore:
     def enabled(self) -> bool:
         return self.folder is not None
 
-    def _next_stem(self, day_folder: Path, seed: int) -> Path:
+    def _next_stem(self, day_folder: Path, seed: int | str) -> Path:
         day = day_folder.name
         if day not in self._counter:
             existing = [int(p.name.split("-", 1)[0]) for p in day_folder.glob("*-*.*") if p.name.split("-", 1)[0].isdigit()]
@@ -211,19 +213,32 @@ class OutputStore:
         return day_folder / f"{next(self._counter[day]):05d}-{seed}"
 
     def save(self, completed: Completed, owner: str, workflow: dict | None = None,
-             in_same_commit: Callable[[SavedOutput], None] | None = None) -> SavedOutput | None:
+             in_same_commit: Callable[[SavedOutput], None] | None = None, caption: str | None = None
+             ) -> SavedOutput | None:
         """Write the result and index it; None when saving is off. `owner`: a key from
         `self.owners`. `in_same_commit(saved)`: more store writes that must land with the index row or
-        not at all (the accepted request's end: studio.store.store says why).
+        not at all (the accepted request's end: studio.store.store says why). `caption`: what tells
+        a workflow branch's result from its siblings' (its swept values, kept in its settings).
 
         The files are written under `.partial.` names and synced, the index row is committed, then
         they are renamed: a crash at any point leaves no result indexed without its files, and the
         next start finishes or removes what a crash left (`finish_partial_files`)."""
+        kind = "video" if completed.is_video else "image"
+        return self._save(completed.params, completed.images, kind, owner, workflow, in_same_commit, caption)
+
+    def save_grid(self, grid: Image.Image, params: GenerationParams, owner: str, workflow: dict | None = None,
+                  caption: str | None = None) -> SavedOutput | None:
+        """A workflow run's X/Y grid, as a PNG (kind "grid") carrying the `parameters` of one of its
+        cells (`params`, as AUTOMATIC1111 saves its grids) and the workflow; None when saving is off."""
+        return self._save(params, [grid], "grid", owner, workflow, None, caption)
+
+    def _save(self, params: GenerationParams, images: Sequence[Image.Image], kind: str, owner: str,
+              workflow: dict | None, in_same_commit: Callable[[SavedOutput], None] | None,
+              caption: str | None) -> SavedOutput | None:
         if self.folder is None:
             return None
         if not is_owner_key(owner):
             raise ValueError(f"owner must be an owner key (32 hex digits, from store.owners), got {owner!r:.40}.")
-        params = completed.params
         model = params.model or self.model  # the request's own model, when the engine serves several
         text = infotext(params, model)
         info = PngInfo()
@@ -233,22 +248,21 @@ class OutputStore:
         day_folder = self.folder / time.strftime("%Y-%m-%d")
         with self._lock:
             day_folder.mkdir(parents=True, exist_ok=True)
-            stem = self._next_stem(day_folder, params.seed)
-            if completed.is_video:
+            stem = self._next_stem(day_folder, "grid" if kind == "grid" else params.seed)
+            if kind == "video":
                 poster = stem.with_suffix(".png")
-                _write_synced(poster, lambda file: completed.images[0].convert("RGB").save(file, "PNG", pnginfo=info))
+                _write_synced(poster, lambda file: images[0].convert("RGB").save(file, "PNG", pnginfo=info))
                 path = stem.with_suffix(".mp4")
                 if self._write_video is None:
                     raise RuntimeError("this OutputStore was made without a video writer")
-                self._write_video(completed.images, _partial(path), self.fps_by_model.get(model, self.fps))
+                self._write_video(images, _partial(path), self.fps_by_model.get(model, self.fps))
                 _sync(_partial(path))
             else:
                 poster = None
                 path = stem.with_suffix(".png")
-                _write_synced(path, lambda file: completed.images[0].save(file, "PNG", pnginfo=info))
-            settings = dict(parse_infotext(text), model=model)
-            saved = SavedOutput(str(path), str(poster) if poster else None, owner,
-                                "video" if completed.is_video else "image", time.time(), text, settings,
+                _write_synced(path, lambda file: images[0].save(file, "PNG", pnginfo=info))
+            settings = dict(parse_infotext(text), model=model, **({"caption": caption} if caption else {}))
+            saved = SavedOutput(str(path), str(poster) if poster else None, owner, kind, time.time(), text, settings,
                                 workflow is not None)
             with self.index.transaction():
                 self.index.add_history(asdict(saved))
@@ -323,11 +337,11 @@ def _sync(path: Path) -> None:
 
 
 async def save_quietly(store: OutputStore | None, completed: Completed, owner: str, workflow: dict | None = None,
-                       in_same_commit: Callable[[SavedOutput], None] | None = None) -> None:
+                       in_same_commit: Callable[[SavedOutput], None] | None = None, caption: str | None = None) -> None:
     """Save off the event loop; a failed write (a full disk) is logged, never fails the request."""
     if store is None or not store.enabled:
         return
     try:
-        await asyncio.to_thread(store.save, completed, owner, workflow, in_same_commit)
+        await asyncio.to_thread(store.save, completed, owner, workflow, in_same_commit, caption)
     except OSError as exc:
         log.warning("could not save an output: %s", exc)

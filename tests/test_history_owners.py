@@ -180,7 +180,7 @@ def test_no_token_a_page_can_send_lists_an_api_callers_results(tmp_path):
         OutputStore(outputs, model="toy").save(completed("my own result"), HistoryOwners.in_folder(
             outputs / "history").of_browser(mine))
         (item,) = page.listed(mine)
-        assert item["caption"].startswith("my own result")
+        assert item["caption"] == "seed 3 · my own result"  # a result saved without a workflow's caption
 
         owners = HistoryOwners.in_folder(outputs / "history")
         # The caller's true engine session (a stranger can't compute it, but may learn or guess
@@ -204,8 +204,8 @@ def test_a_browser_token_from_before_signing_is_exchanged_and_keeps_its_results(
         page = Page(server.url)
         assert page.listed(old_token) == []  # an unsigned token lists nothing by itself
         fresh, listed = page.started(old_token)
-        assert fresh != old_token and [item["caption"][:23] for item in listed] == ["made before the upgrade"]
-        assert [item["caption"][:23] for item in page.listed(fresh)] == ["made before the upgrade"]
+        assert fresh != old_token and [item["caption"] for item in listed] == ["seed 3 · made before the upgrade"]
+        assert [item["caption"] for item in page.listed(fresh)] == ["seed 3 · made before the upgrade"]
         assert page.started(old_token)[1] == []  # exchanged once: the old token holds nothing now
 
 
@@ -218,7 +218,7 @@ def test_a_browser_keeps_its_results_across_a_restart(tmp_path):
     with live_studio(ToyPipeline(), outputs=outputs) as (server, _):  # the next start, same folder
         page = Page(server.url)
         assert page.started(token)[0] == token
-        assert [item["caption"][:21] for item in page.listed(token)] == ["kept across a restart"]
+        assert [item["caption"] for item in page.listed(token)] == ["seed 3 · kept across a restart"]
 
 
 def test_crafted_pngs_in_the_history_tab_get_a_message_and_no_traceback(tmp_path, capfd):

@@ -20,8 +20,21 @@ def studio(tmp_path_factory):
     folder = tmp_path_factory.mktemp("models")
     wan = Instrumented(load_pipeline(str(build_tiny_wan(folder / "wan", WAN_CONFIG))))
     flux = load_pipeline(str(build_tiny_flux(folder / "flux", FLUX_CONFIG)))
-    with live_studio({"flux": flux, "wan": wan}, preview_every=1) as (server, engine):
-        yield server, engine, wan
+    outputs = tmp_path_factory.mktemp("outputs")
+    with live_studio({"flux": flux, "wan": wan}, outputs, preview_every=1) as (server, engine):
+        yield server, engine, wan, outputs
+
+
+def mp4_facts(path) -> tuple:
+    """(frames, size, fps, codec) of an MP4, read back with imageio-ffmpeg."""
+    frames = imageio_ffmpeg.read_frames(str(path))
+    meta = next(frames)
+    return sum(1 for _ in frames), meta["size"], meta["fps"], meta["codec"]
+
+
+# The model's 9 frames at its own 8 fps (1.125 s): the default model, flux, has no fps of its own,
+# and the studio's default of 16 fps would play them in 0.5625 s.
+AT_WAN_FPS = (9, (32, 32), FPS, "h264")
 
 
 def generate_video(client: Client, steps: int, seed: int = 5, frames: int = 9):
@@ -34,7 +47,8 @@ def video_path(media) -> str:
 
 
 def test_generate_video_streams_previews_and_returns_an_mp4(studio):
-    server, _, wan = studio
+    server, _, wan, outputs = studio
+    before = set(outputs.rglob("*.mp4"))
     client = connect(server.url)
     endpoint = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate_video"]
     assert [p["parameter_name"] for p in endpoint["parameters"]][-3:] == ["model", "num_frames", "loras"]
@@ -49,14 +63,31 @@ def test_generate_video_streams_previews_and_returns_an_mp4(studio):
     previews = [output[1] for output in with_preview]
     with Image.open(previews[-1]) as gif:
         assert gif.format == "GIF" and gif.n_frames == 3  # 9 frames -> 3 latent frames
-    frames = imageio_ffmpeg.read_frames(video_path(media))
-    meta = next(frames)
-    assert (sum(1 for _ in frames), meta["size"], meta["fps"], meta["codec"]) == (9, (32, 32), FPS, "h264")
+    assert mp4_facts(video_path(media)) == AT_WAN_FPS  # the MP4 returned ...
+    (saved,) = set(outputs.rglob("*.mp4")) - before
+    assert mp4_facts(saved) == AT_WAN_FPS  # ... and the one saved in outputs/
     assert status["request_id"] in wan.decoded
 
 
+def test_a_workflows_video_is_made_and_saved_at_its_models_fps(studio):
+    server, _, _, outputs = studio
+    before = set(outputs.rglob("*.mp4"))
+    link = lambda a, b, port: {"from": {"node": a, "port": port}, "to": {"node": b, "port": port}}  # noqa: E731
+    workflow = {"version": 1, "nodes": [
+        {"id": "p", "type": "prompt", "values": {"text": "a red circle moving left"}},
+        {"id": "m", "type": "model", "values": {"name": "wan"}},
+        {"id": "t", "type": "steps", "values": {"steps": 2}},
+        {"id": "s", "type": "sampler"}],
+        "links": [link("p", "s", "prompt"), link("m", "s", "model"), link("t", "s", "steps")]}
+    status, images, _ = connect(server.url).predict(workflow=workflow, api_name="/run_workflow")
+    assert status["state"] == "completed" and len(images) == 1
+    assert mp4_facts(images[0]["video"]) == AT_WAN_FPS
+    (saved,) = set(outputs.rglob("*.mp4")) - before
+    assert mp4_facts(saved) == AT_WAN_FPS
+
+
 def test_cancel_stops_a_video_at_the_next_step_boundary_without_decoding_it(studio):
-    server, _, wan = studio
+    server, _, wan, _ = studio
     client = connect(server.url)
     gate = StepGate(wan.forwards + 2)
     wan.on_forward = gate

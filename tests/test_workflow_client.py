@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from gradio_client.exceptions import AppError
@@ -15,8 +16,11 @@ from PIL import Image
 
 from pipelines.params import start_step
 from pipelines.toy import ToyPipeline
-from studio.outputs import parse_infotext, png_texts
+from studio.outputs import OutputStore, parse_infotext, png_texts
+from studio.page.history_tab import history_caption
 from studio.page.workflow_tab import EXAMPLES_DIR
+from studio.server.history_owners import HistoryOwners
+from studio.sessions import session_id_of
 from tests.engine_helpers import StepGate
 from tests.studio_helpers import connect, live_studio, statuses, wait_for
 
@@ -102,6 +106,26 @@ def test_the_xy_grid_has_one_cell_per_branch(client):
     grid = Image.open(grids[0]["image"])
     # 3 columns and 2 rows of 128 px cells (64 px images enlarged 2x), with labels around them.
     assert grid.width > 3 * 128 and grid.height > 2 * 128 and grid.width < 4 * 128 + 200
+
+
+def test_the_xy_examples_results_are_captioned_with_every_swept_value(client, studio):
+    """The shipped X/Y example (guidance 1, 3, 5 by steps 5, 10, 20, seed 7): each result's caption
+    says which cell it is, in /run_workflow's answer and in History, where its grid is saved too."""
+    outputs = studio[3]
+    workflow = json.loads((EXAMPLES_DIR / "guidance-steps-xy.json").read_text())
+    status, images, grids = client.predict(workflow=workflow, api_name="/run_workflow")
+    assert status["state"] == "completed" and len(grids) == 1
+    cells = [f"steps {steps}, guidance {guidance} · seed 7" for steps in (5, 10, 20) for guidance in (1, 3, 5)]
+    assert [item["caption"] for item in images] == cells
+    owner = HistoryOwners.in_folder(outputs / "history").of_caller(
+        session_id_of(SimpleNamespace(session_hash=client.session_hash, username=None)))
+    saved = OutputStore(outputs, model="toy").history(owner)
+    prompt = "a large green circle on an orange backg…"  # the first 39 characters of the example's prompt
+    assert sorted(history_caption(item.settings) for item in saved) == sorted(
+        [f"{cell} · {prompt}" for cell in cells] + [f"grid: guidance × steps · {prompt}"])
+    (grid,) = [item for item in saved if item.kind == "grid"]
+    assert Image.open(grid.path).size == Image.open(grids[0]["image"]).size  # the grid as the run drew it last
+    assert png_texts(grid.path)["workflow"] and parse_infotext(grid.parameters)["seed"] == 7
 
 
 @pytest.fixture
@@ -230,8 +254,9 @@ def test_every_branch_is_saved_with_its_settings_and_the_workflow(client, studio
     before = set(outputs.rglob("*.png"))
     workflow = xy_workflow(steps="3", guidance="1, 2")
     status, images, _ = client.predict(workflow=workflow, api_name="/run_workflow")
-    saved = sorted(set(outputs.rglob("*.png")) - before)
-    assert len(saved) == 2
+    new = sorted(set(outputs.rglob("*.png")) - before)
+    saved = [path for path in new if not path.stem.endswith("-grid")]
+    assert len(saved) == 2 and len(new) == 3  # each branch, and the run's grid
     texts = [png_texts(path) for path in saved]
     by_guidance = {parse_infotext(t["parameters"])["guidance_scale"]: t for t in texts}
     assert set(by_guidance) == {1.0, 2.0}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ from studio.workflows.format import (
 )
 from studio.workflows.limits import ModelLimits, WorkflowLimits
 from studio.workflows.nodes import NODE_TYPES, node_type_specs
+from studio.workflows.run_views import result_caption
 
 LIMITS = WorkflowLimits((ModelLimits(max_steps=100, max_size=256, size_multiple=16, schedulers=("euler", "ddim"),
                                      uses_negative_prompt=True),), max_branches=64)
@@ -135,6 +137,21 @@ def test_grid_layout_labels_axes_with_the_swept_values():
         for col, guidance in enumerate((1.0, 3.0, 5.0)):
             params = result.branches[grid.cells[row][col]].params
             assert (params.num_inference_steps, params.guidance_scale) == (steps, guidance)
+
+
+def test_a_results_caption_names_every_swept_value_and_the_seed():
+    example = Path(__file__).resolve().parents[1] / "assets" / "workflows" / "guidance-steps-xy.json"
+    xy = compile_workflow(parse_workflow(example.read_text()), LIMITS)
+    assert [result_caption(b, b.params.seed) for b in xy.branches] == [
+        f"steps {steps}, guidance {guidance} · seed 7" for steps in (5, 10, 20) for guidance in (1, 3, 5)]
+    # A swept seed is named once, with the other swept values; a branch without fan-outs names its seed.
+    batch = compiled([PROMPT, SAMPLER, node("b", "seed_batch", start=3, count=2),
+                      node("g", "sweep", param="guidance", values="1, 2.5")],
+                     [TO_SAMPLER, link("b", "seed", "s", "seed"), link("g", "values", "s", "guidance")])
+    assert [result_caption(b, b.params.seed) for b in batch.branches] == [
+        "seed 3, guidance 1", "seed 3, guidance 2.5", "seed 4, guidance 1", "seed 4, guidance 2.5"]
+    (single,) = compiled([PROMPT, SAMPLER], [TO_SAMPLER]).branches
+    assert result_caption(single, 1234) == "seed 1234"
 
 
 def test_grid_auto_axes_and_a_third_fan_out_joins_the_rows():

@@ -13,6 +13,7 @@ node holding it, beside the graph being edited).
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import gradio as gr
 from PIL import Image
 
 from engine import EngineClient
+from studio.media import animated_poster
 from studio.outputs import (
     OutputStore,
     SavedOutput,
@@ -35,6 +37,8 @@ from studio.workflows.format import WorkflowError, parse_workflow
 from studio.workflows.nodes import NODE_TYPES
 
 SHOWN = 60  # newest results shown
+CAPTION_PROMPT_CHARS = 40  # of a prompt, in a result's caption
+log = logging.getLogger(__name__)
 
 
 def fresh_token(store: OutputStore, token: object) -> str:
@@ -82,6 +86,8 @@ def settings_update(settings: dict, engine: EngineClient) -> list:
 class HistoryTab:
     refresh: gr.Button
     gallery: gr.Gallery
+    view: gr.Image  # the selected picture or grid, large (a click opens it in the lightbox)
+    player: gr.Video  # ... or the selected video, playing
     details: gr.Textbox
     use_settings: gr.Button
     open_workflow: gr.Button
@@ -101,14 +107,20 @@ def build_history_tab(store: OutputStore) -> HistoryTab:
                          elem_id="ss-history-upload", scale=1)
     gallery = gr.Gallery(label="History", columns=8, height=300, object_fit="contain", format="png",
                          preview=False, allow_preview=False, elem_id="ss-history")
-    details = gr.Textbox(label="Settings (parameters)", lines=3, interactive=False, elem_id="ss-history-details")
+    with gr.Row():
+        view = gr.Image(label="Selected (click to see it full size)", type="filepath", interactive=False, height=320,
+                        visible=False, elem_id="ss-history-view", scale=2)
+        player = gr.Video(label="Selected video", interactive=False, height=320, autoplay=True, loop=True,
+                          visible=False, elem_id="ss-history-video", scale=2)
+        details = gr.Textbox(label="Settings (parameters)", lines=3, interactive=False, elem_id="ss-history-details",
+                             scale=3)
     with gr.Row():
         use_settings = gr.Button("Use these settings again", variant="primary", elem_id="ss-history-use")
         open_workflow = gr.Button("Open its workflow", visible=False, elem_id="ss-history-workflow")
         to_image_to_image = gr.Button("Send to image to image", elem_id="ss-history-img2img")
         to_editor = gr.Button("Send to the editor (Load image)", elem_id="ss-history-to-editor")
-    return HistoryTab(refresh, gallery, details, use_settings, open_workflow, to_image_to_image, to_editor, upload,
-                      gr.State([]), gr.State(None))
+    return HistoryTab(refresh, gallery, view, player, details, use_settings, open_workflow, to_image_to_image,
+                      to_editor, upload, gr.State([]), gr.State(None))
 
 
 def _texts(path: Path | str) -> dict[str, str]:
@@ -118,9 +130,28 @@ def _texts(path: Path | str) -> dict[str, str]:
         raise user_error(str(error), "Not a readable PNG") from None
 
 
-def _thumbnail(item: SavedOutput) -> Image.Image:
-    with Image.open(item.poster or item.path) as image:
-        return image.convert("RGB")
+def gallery_file(item: SavedOutput) -> str:
+    """What the gallery shows for a saved result: the picture or grid itself, a video's animated
+    poster (studio.media.animated_poster; its first frame if the MP4 can't be read). Files, never
+    pictures to encode: Gradio copies a file into its cache under a temporary name and renames it
+    there, and a copy that is there already is only touched, so no listing rewrites a file that an
+    earlier listing's page is still fetching."""
+    if item.kind != "video":
+        return item.path
+    try:
+        return str(animated_poster(item.path))
+    except (OSError, RuntimeError, StopIteration) as exc:  # imageio-ffmpeg fails a damaged file with RuntimeError
+        log.warning("no animated poster for %s: %s", item.path, exc)
+        return item.poster or item.path
+
+
+def history_caption(settings: dict) -> str:
+    """A saved result's caption: what tells it from its siblings first (a workflow branch's swept
+    values and seed, a grid's axes), then the start of its prompt."""
+    first = settings.get("caption") or f"seed {settings.get('seed', '?')}"
+    prompt = settings.get("prompt", "")
+    shown = prompt if len(prompt) <= CAPTION_PROMPT_CHARS else prompt[:CAPTION_PROMPT_CHARS - 1] + "…"
+    return f"{first} · {shown}" if prompt else first
 
 
 def with_load_image(workflow_text: object, picture: Image.Image) -> str:
@@ -152,32 +183,39 @@ def wire_history_tab(engine: EngineClient, store: OutputStore, tab: HistoryTab, 
     def listing(token: str) -> dict:
         owner = store.owners.of_browser(token)  # None for a token this server did not sign
         items = store.history(owner)[:SHOWN] if owner else []
-        captions = [f"{item.settings.get('prompt', '')[:40]} · seed {item.settings.get('seed', '?')}" for item in items]
-        return {tab.gallery: [(_thumbnail(item), caption) for item, caption in zip(items, captions)],
+        return {tab.gallery: [(gallery_file(item), history_caption(item.settings)) for item in items],
                 tab.items: [item.__dict__ for item in items]}
 
     def start(token: str) -> dict:
         token = fresh_token(store, token)
         return {browser_token: token, **listing(token)}
 
+    def shown(path: str | None = None, video: str | None = None) -> dict:
+        """The large view of the selection: a picture (or grid), or a video's player."""
+        return {tab.view: gr.update(value=None if video else path, visible=bool(path) and not video),
+                tab.player: gr.update(value=video, visible=bool(video))}
+
     def select(items: list, event: gr.SelectData) -> dict:
         item = items[event.index] if 0 <= event.index < len(items) else None
         if item is None:
-            return {tab.selected: None, tab.details: "", tab.open_workflow: gr.update(visible=False)}
+            return {tab.selected: None, tab.details: "", tab.open_workflow: gr.update(visible=False), **shown()}
         texts = _texts(item["poster"] or item["path"])
+        video = item["path"] if item["kind"] == "video" else None
         return {tab.selected: {"settings": item["settings"], "workflow": texts.get("workflow"),
                                "path": item["poster"] or item["path"]},
-                tab.details: item["parameters"], tab.open_workflow: gr.update(visible=item["has_workflow"])}
+                tab.details: item["parameters"], tab.open_workflow: gr.update(visible=item["has_workflow"]),
+                **shown(item["poster"] or item["path"], video)}
 
     def opened(path: str | None) -> dict:
         if not path:
-            return {tab.selected: None, tab.details: ""}
+            return {tab.selected: None, tab.details: "", **shown()}
         texts = _texts(Path(path))
         if "parameters" not in texts:
             raise user_error("This PNG carries no settings (no 'parameters' text).", "No settings found")
         return {tab.selected: {"settings": parse_infotext(texts["parameters"]), "workflow": texts.get("workflow"),
                                "path": path},
-                tab.details: texts["parameters"], tab.open_workflow: gr.update(visible="workflow" in texts)}
+                tab.details: texts["parameters"], tab.open_workflow: gr.update(visible="workflow" in texts),
+                **shown(path)}
 
     def use(selected: dict | None) -> list:
         if not selected:
@@ -204,10 +242,9 @@ def wire_history_tab(engine: EngineClient, store: OutputStore, tab: HistoryTab, 
     demo.load(start, inputs=browser_token, outputs=[browser_token, *listed], api_name="ui_history_start", **private)
     tab.refresh.click(listing, inputs=browser_token, outputs=listed, api_name="ui_history_refresh", **private)
     page.select(listing, inputs=browser_token, outputs=listed, api_name="ui_history_opened", **private)
-    tab.gallery.select(select, inputs=tab.items, outputs=[tab.selected, tab.details, tab.open_workflow],
-                       api_name="ui_history_select", **private)
-    tab.upload.change(opened, inputs=tab.upload, outputs=[tab.selected, tab.details, tab.open_workflow],
-                      api_name="ui_history_open", **private)
+    selection = [tab.selected, tab.details, tab.open_workflow, tab.view, tab.player]
+    tab.gallery.select(select, inputs=tab.items, outputs=selection, api_name="ui_history_select", **private)
+    tab.upload.change(opened, inputs=tab.upload, outputs=selection, api_name="ui_history_open", **private)
     tab.use_settings.click(use, inputs=tab.selected, outputs=[*form.settings_outputs(), tabs],
                            api_name="ui_history_use", **private)
     tab.open_workflow.click(open_in_editor, inputs=tab.selected, outputs=[editor, tabs],

@@ -228,7 +228,8 @@ def build_simple_tab(engine: EngineClient, config: StudioOptions) -> tuple[Simpl
             with gr.Row():
                 preview = gr.Image(label="Live preview", format="jpeg", type="pil", interactive=False, height=256,
                                    visible=not look.makes_video, elem_id="ss-preview")
-                animation = gr.HTML("", label="Live preview", visible=look.makes_video, elem_id="ss-animation")
+                animation = gr.HTML("", label="Live preview", show_label=True, container=True, min_height=256,
+                                    visible=look.makes_video, elem_id="ss-animation")
                 image = gr.Image(label="Result", format="png", type="pil", interactive=False, height=256,
                                  visible=not look.makes_video, elem_id="ss-result")
                 video = gr.Video(label="Result", interactive=False, height=256, visible=look.makes_video,

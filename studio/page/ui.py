@@ -52,7 +52,15 @@ BROWSER_STORAGE_KEY = "stepstudio-browser"
 STUDIO_CSS = QUEUE_CSS + GRAPH_CSS + TAB_QUEUE_CSS + RESTART_BANNER_CSS + """
 #ss-preview img, #ss-result img { width: 100%; height: 100%; object-fit: contain; image-rendering: pixelated; }
 #ss-gallery img, #ss-history img { image-rendering: pixelated; object-fit: contain !important; }
+/* A video's live preview (a looping GIF of latent-sized frames) fills the preview panel, as an image's does. */
+#ss-animation img.ss-animation { display: block; width: 100%; height: 256px; object-fit: contain;
+  image-rendering: pixelated; background: var(--background-fill-secondary, #f3f4f6); border-radius: 6px; }
+#ss-history-view img { image-rendering: pixelated; }
+/* Captions name what tells results apart (swept values, seed): two lines, not one cut short. */
+#ss-workflow-results .caption-label, #ss-history .caption-label { white-space: normal !important;
+  overflow-wrap: anywhere; line-height: 1.2; }
 #ss-gallery .grid-container { grid-template-columns: repeat(auto-fill, minmax(110px, 130px)) !important; }
+#ss-history .grid-container { grid-template-columns: repeat(auto-fill, minmax(120px, 150px)) !important; }
 .ss-unknown { color: var(--error-text-color, #b45309); font-size: 0.85rem; }
 /* One message at a time: Gradio stacks every error in one growing toast ("Error (3)"); the newest
    is the one that is about what the user just did. */

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -54,6 +55,8 @@ from studio.workflows.nodes import node_type_specs
 from studio.workflows.registry import RunRegistry
 from studio.workflows.run import WorkflowRun
 from studio.workflows.run_views import BranchView, RunView
+
+log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
 WEB_DIR = Path(__file__).resolve().parent / "web"
@@ -140,7 +143,7 @@ class ResultsGallery:
         items = [(grid_files.get(node_id, image), f"grid {node_id}") for node_id, image in view.grids.items()]
         for progress in view.branches:
             if progress.result is not None:
-                items.append((self.media(progress), f"{progress.branch.label} · seed {progress.params.seed}"))
+                items.append((self.media(progress), progress.caption))
         return items
 
 
@@ -204,18 +207,38 @@ class WorkflowRunner:
                             await journal.branch_ended(branch, saved_workflow, stopping=not self.engine.accepting)
                         elif branch.result is not None and branch.branch.index not in saved:
                             saved.add(branch.branch.index)
-                            await save_quietly(self.outputs, branch.result, owner, saved_workflow)
+                            await save_quietly(self.outputs, branch.result, owner, saved_workflow,
+                                               caption=branch.caption)
                     yield view
         finally:
             self.registry.finished(run)
             if journal is not None:
                 journal.close(keep=not self.engine.accepting)
+        if view is not None and view.is_final and self.engine.accepting:
+            await self._save_grids(view, run, owner, saved_workflow)
         if view is not None and view.state != COMPLETED and self._shut_down():
             # After the last view (the editor draws where each branch stopped), the same error
             # every other caller in flight gets at a shutdown.
             reason = next((b.message for b in view.branches if b.state == ABORTED and b.message), "it is stopping")
             raise user_error(f"The server is shutting down: {reason}. Try again once it is back.",
                              "Server shutting down")
+
+    async def _save_grids(self, view: RunView, run: WorkflowRun, owner: str, workflow: dict | None) -> None:
+        """A run's X/Y grids, as they ended, join its owner's History (a grid none of whose cells
+        finished does not). A failed write (a full disk) is logged; the run has ended anyway."""
+        if self.outputs is None or not self.outputs.enabled or not owner:
+            return
+        for layout in run.compiled.grids:
+            cells = [view.branches[index] for row in layout.cells for index in row if index is not None]
+            finished = next((cell for cell in cells if cell.result is not None), None)
+            if finished is None or layout.node_id not in view.grids:
+                continue
+            caption = f"grid: {layout.x_axis or '-'} × {layout.y_axis or '-'}"
+            try:
+                await asyncio.to_thread(self.outputs.save_grid, view.grids[layout.node_id], finished.params, owner,
+                                        workflow, caption)
+            except OSError as exc:
+                log.warning("could not save the grid of run %s: %s", run.run_id, exc)
 
     def _shut_down(self) -> bool:
         """The engine was shut down (SIGTERM, Ctrl-C), as opposed to crashed (its failure says why)."""
@@ -250,6 +273,8 @@ def editor_head() -> str:
         f'<link rel="stylesheet" href="{_static_url(WEB_DIR / "editor_gestures.css")}">'
         + "".join(f'<script src="{_static_url(WEB_DIR / part)}"></script>' for part in EDITOR_PARTS)
         + f'<script src="{_static_url(WEB_DIR / "node_editor.js")}"></script>'
+        + f'<link rel="stylesheet" href="{_static_url(WEB_DIR / "lightbox.css")}">'
+        + f'<script src="{_static_url(WEB_DIR / "lightbox.js")}"></script>'
     )
 
 
@@ -367,7 +392,7 @@ def wire_workflow_api(runner: WorkflowRunner) -> None:
             raise user_error(str(exc), "Workflow not run") from None
 
         def results(view: RunView) -> list:
-            return [(gallery.media(b), b.branch.label) for b in view.branches if b.result]
+            return [(gallery.media(b), b.caption) for b in view.branches if b.result]
 
         finished_seen = -1
         async for view in runner.follow(started, owner, compiled.workflow.to_json()):

@@ -42,6 +42,7 @@ from studio.store.durable import DurableRequests
 from studio.store.recovery import ResumeReport, resume_accepted
 from studio.store.store import StudioStore
 from studio.server import server_compat
+from studio.server.file_answers import WholeFileAnswers
 from studio.server.guards import StudioGuards, input_counts
 from studio.server.temp_files import TempFileSweeper
 from studio.server.throttle import FailedAttempts
@@ -119,10 +120,12 @@ def build_app(engine: EngineClient, config: StudioOptions, store: StudioStore | 
         allowed_paths=[config.outputs] if config.outputs else None,  # History hands saved files back
     )
     server_compat.check_file_paths_like_launch(demo)  # a file input must be one the caller uploaded
+    app.add_middleware(WholeFileAnswers)  # a file that changes while Gradio sends it: no half answer
     app.add_middleware(StudioGuards, attempts=attempts, input_counts=input_counts(demo), demo=demo)
     app.state.attempts = attempts
     app.state.gradio_app = server_compat.mounted_gradio_app(app)
     server_compat.check_installed(demo, app.state.gradio_app)  # a Gradio internal gone: an error naming it, now
+    server_compat.cache_pictures_without_rewriting()  # a picture sent again is not rewritten under its reader
     app.state.store = outputs.index
     app.state.resumed = resume_accepted(engine, durable, outputs, router.video_jobs, config.resume_max_age_s, resumed)
     resume_runs(runner, resumed, config.resume_max_age_s)

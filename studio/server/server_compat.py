@@ -3,7 +3,8 @@
 The studio needs a few things neither library offers publicly: the Gradio app that
 `mount_gradio_app` mounts, the JSON a custom component's event sent, whether Gradio's queue still
 owes a client its last messages, which session a /call stream reads, one event's asyncio task,
-the sets of temp files a Blocks wrote, how many inputs each endpoint takes; and from uvicorn, a
+the sets of temp files a Blocks wrote, how many inputs each endpoint takes, a cached picture
+written once instead of again in place; and from uvicorn, a
 deadline on receiving a request (an `H11Protocol` subclass) and a first signal that stops the
 server gracefully (a `uvicorn.Server` subclass). Each is one small function or class here, whose
 docstring says what it reads; nothing else in the studio touches a private name of either.
@@ -21,11 +22,15 @@ imports studio.server.temp_files, which uses it, before gradio reads GRADIO_TEMP
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
+import os
 import re
+import tempfile
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 
 import h11
 import uvicorn
@@ -116,6 +121,9 @@ def internal_problems(demo=None, gradio_app=None) -> list[str]:
         checker = getattr(processing_utils, "_check_allowed", None)
         if checker is None or "has_launched" not in checker.__code__.co_names:
             found.append("gradio's processing_utils._check_allowed no longer reads Blocks.has_launched")
+        found += [f"gradio's processing_utils.{name} is gone" for name in ("save_pil_to_cache", "encode_pil_to_bytes",
+                                                                            "hash_bytes")
+                  if not hasattr(processing_utils, name)]
     if gradio_app is not None and not hasattr(gradio_app, "stop_event"):
         found.append("gradio's App.stop_event is gone")
     return found
@@ -294,6 +302,43 @@ def paths_kept_in_cache(demo) -> set[str]:
     for block in list(demo.blocks.values()):
         keep.update(getattr(block, "keep_in_cache", ()))
     return keep
+
+
+def cache_pictures_without_rewriting() -> None:
+    """Make Gradio leave a picture it has cached already alone instead of writing it again.
+
+    Gradio (`processing_utils.save_pil_to_cache`, which every component that is given a PIL image
+    uses) names a cached picture by its content's hash and writes it again at that path each time
+    it is sent, truncating it first: the Simple tab's gallery sends every earlier result again with
+    each new one, so a page still fetching a picture from the update before reads it short (see
+    studio/server/file_answers.py). The replacement writes a new picture under a temporary name and
+    renames it into place, and only touches one that is there already (its name says what it
+    holds), as Gradio's own `save_file_to_cache` does for files. Leaves Gradio alone outside the
+    versions this was read in."""
+    if not GRADIO_IN_RANGE:
+        return
+    from gradio import processing_utils
+
+    if getattr(processing_utils.save_pil_to_cache, "writes_once", False):
+        return
+
+    def save_pil_to_cache(img, cache_dir: str, name: str = "image", format: str = "webp") -> str:  # noqa: A002
+        data = processing_utils.encode_pil_to_bytes(img, format)
+        folder = Path(cache_dir) / processing_utils.hash_bytes(data)
+        folder.mkdir(exist_ok=True, parents=True)
+        path = (folder / f"{name}.{format}").resolve()
+        with contextlib.suppress(OSError):
+            if path.stat().st_size == len(data):
+                os.utime(path)  # sent again: the sweeper ages it from now
+                return str(path)
+        handle, staging = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.")
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        os.replace(staging, path)
+        return str(path)
+
+    save_pil_to_cache.writes_once = True
+    processing_utils.save_pil_to_cache = save_pil_to_cache
 
 
 # ---------------------------------------------------------------------------- uvicorn

@@ -67,7 +67,7 @@ class RunJournal:
 
         try:
             if view.result is not None:
-                await asyncio.to_thread(self.outputs.save, view.result, self.owner, workflow, mark)
+                await asyncio.to_thread(self.outputs.save, view.result, self.owner, workflow, mark, view.caption)
             else:
                 await asyncio.to_thread(mark, None)
         except OSError as exc:  # a full disk: the run goes on; this branch is not run again

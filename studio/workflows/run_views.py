@@ -13,6 +13,7 @@ from PIL import Image
 from engine import Completed, GenerationParams
 from studio.tracker import ABORTED, COMPLETED, FAILED, FINAL_STATES, QUEUED, RUNNING, WAITING, Status
 from studio.workflows.branches import Branch
+from studio.workflows.ports import PortType
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,12 @@ class BranchView:
     def is_finished(self) -> bool:
         return self.status.is_final
 
+    @property
+    def caption(self) -> str:
+        """What tells this branch's result from its siblings': every swept value, then the seed
+        (unless the seed is one of them): "steps 10, guidance 3 · seed 7"."""
+        return result_caption(self.branch, self.params.seed)
+
 
 @dataclass(frozen=True)
 class NodeRunState:
@@ -110,6 +117,15 @@ def node_state(branches: list[BranchView]) -> NodeRunState:
     if ABORTED in states:  # the run's words: "partial" when some finished, "aborted" when none did
         return NodeRunState("partial" if COMPLETED in states else ABORTED, done, len(states))
     return NodeRunState("done", done, len(states))
+
+
+def result_caption(branch: Branch, seed: int | None) -> str:
+    """A branch's swept values and its seed: "steps 10, guidance 3 · seed 7"; "seed 7" for a
+    branch without fan-outs; "seed 12, guidance 2.5" when the seed is swept itself."""
+    swept = ", ".join(f"{axis.input} {axis.label}" for axis in branch.axes)
+    if seed is None or any(axis.input == PortType.SEED for axis in branch.axes):
+        return swept or "single"
+    return f"{swept} · seed {seed}" if swept else f"seed {seed}"
 
 
 def result_image(progress: BranchView) -> Image.Image | None:

@@ -804,7 +804,8 @@
         const liveView = this.types[el.dataset.nodeType].live_view;  // what the node type says it shows
         if (liveView === "branch_bars") this.showBranchBars(live, branches);
         else if (liveView === "previews") this.showThumbs(live, branches, (b) => b.preview || b.image, "sse-preview");
-        else if (liveView === "results") this.showThumbs(live, branches, (b) => b.image, "sse-result");
+        // An output node shows each branch's live preview until its result replaces it.
+        else if (liveView === "results") this.showThumbs(live, branches, (b) => b.image || b.preview, "sse-result");
         else if (liveView === "grid") {
           const grid = (state.grids || {})[nodeId];
           if (grid && live.dataset.grid !== grid) {  // a new drawing (a file URL): fetched once
