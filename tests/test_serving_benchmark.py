@@ -17,17 +17,27 @@ def tiny_flux(tmp_path_factory):
     return build_tiny_flux(tmp_path_factory.mktemp("flux"), studio_config=STUDIO)
 
 
-def run_child_in_this_process(system: str, args, workload_file, out_file) -> dict:
-    """serving._child without a new interpreter: the child's own code (main --run-system, the same
-    arguments) in this process, its result read back from its file as the parent reads it. A
-    child process costs this machine 10-20 s of imports; the video smoke below runs its two in
-    their own processes, as the benchmark does."""
-    serving.main(serving.child_argv(system, args, workload_file, out_file))
-    return json.loads(out_file.read_text())
+class ChildrenInThisProcess:
+    """Stands in for serving._child without a new interpreter: the child's own code (main
+    --run-system, the same arguments) in this process, its result read back from its file as the
+    parent reads it (a child process costs this machine 10-20 s of imports). With `first_in_a_process`
+    the first child runs in its own process, as the benchmark runs every one."""
+
+    def __init__(self, first_in_a_process: bool = False) -> None:
+        self.first_in_a_process = first_in_a_process
+        self.ran: list[str] = []  # the systems run, in order
+        self._real_child = serving._child
+
+    def __call__(self, system: str, args, workload_file, out_file) -> dict:
+        self.ran.append(system)
+        if self.first_in_a_process and len(self.ran) == 1:
+            return self._real_child(system, args, workload_file, out_file)
+        serving.main(serving.child_argv(system, args, workload_file, out_file))
+        return json.loads(out_file.read_text())
 
 
 def test_serving_benchmark_smoke(tiny_flux, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(serving, "_child", run_child_in_this_process)  # 6 children: 2 rounds of 2 systems, 2 timings
+    monkeypatch.setattr(serving, "_child", children := ChildrenInThisProcess())
     out = tmp_path / "serving.json"
     result = serving.main([
         "--model", str(tiny_flux), "--systems", "diffusers", "step4", "--requests", "6", "--users", "3",
@@ -71,15 +81,19 @@ def test_serving_benchmark_smoke(tiny_flux, tmp_path, capsys, monkeypatch):
     assert ceiling["per_image_step_s"][8] == pytest.approx((before["per_image_step_s"]["8"] + after["per_image_step_s"]["8"]) / 2)
     assert "The mean of two timings, before and after the systems" in printed
     assert "req   0" in printed and out.exists()
+    # Two rounds of both systems, each round starting at another one, between the two timings.
+    assert children.ran == ["ceiling", "diffusers", "step4", "step4", "diffusers", "ceiling"]
 
 
 WAN_STUDIO = {"height": 32, "width": 32, "num_frames": 9, "fps": 8, "max_sequence_length": 16,
               "num_inference_steps": 4, "guidance_scale": 2.0, "negative_prompt": ""}
 
 
-def test_serving_benchmark_video_smoke(tmp_path, capsys):
+def test_serving_benchmark_video_smoke(tmp_path, capsys, monkeypatch):
     """--kind video on a tiny Wan checkpoint: the stock WanPipeline.__call__ against step mode,
-    every request with its frame count (two counts: two batch keys that take turns)."""
+    every request with its frame count (two counts: two batch keys that take turns). Its first
+    child (the stock pipeline's run) runs in a process of its own, as the benchmark runs them."""
+    monkeypatch.setattr(serving, "_child", children := ChildrenInThisProcess(first_in_a_process=True))
     tiny_wan = build_tiny_wan(tmp_path / "wan", studio_config=WAN_STUDIO)
     result = serving.main([
         "--kind", "video", "--model", str(tiny_wan), "--systems", "diffusers", "step4", "--requests", "6",
@@ -99,6 +113,7 @@ def test_serving_benchmark_video_smoke(tmp_path, capsys):
     assert step4["first_preview_p50_s"] > 0 and step4["cancel_latency_mean_s"] > 0
     assert step4["serving_step_s"] > 0 and step4["engine_cancel_s"] > 0
     assert "admission p50" in printed and "step-times" in printed
+    assert children.ran == ["diffusers", "step4"]
     # The ceiling's bare forward, here in-process (a child process each costs this machine ~15 s).
     ceiling = systems.measure_denoiser(str(tiny_wan), size=32, batch_sizes=(1, 2), repeats=1, frames=5)
     assert set(ceiling["per_image_step_s"]) == {1, 2} and ceiling["decode_s"] > 0
