@@ -259,9 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.replicas:
         return run_replicas(parser, args, config)
 
-    from studio.server.app import StudioServer, bind_socket
+    from studio.server.sockets import bind_socket
 
-    try:  # before the model loads: a busy port is an error now, not after minutes of loading
+    try:  # before Gradio's imports and the model: a busy port is an error now, not after minutes of loading
         sock = bind_socket(config.host, config.port)
     except OSError as exc:
         parser.error(f"can't listen on {config.host}:{config.port}: {exc.strerror or exc} "
@@ -276,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if store.path is None:
         log.info("saving is off (--no-save): accepted work is kept in memory only and is lost on restart")
+    from studio.server.app import StudioServer  # Gradio's imports: only for a port and a database that work
+
     try:
         pipelines = load_models(config)
     except ValueError as exc:
@@ -326,7 +328,7 @@ def run_replicas(parser: argparse.ArgumentParser, args: argparse.Namespace, conf
         from serve.local import run_local, serve_settings_for
     except ImportError as exc:
         parser.error(f"--replicas needs Ray Serve ({exc}): pip install -e '.[serve]'")
-    from studio.server.app import bind_socket
+    from studio.server.sockets import bind_socket
 
     try:  # a busy port is an error now, not after Ray and the replicas have started
         bind_socket(config.host, config.port).close()

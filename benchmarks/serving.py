@@ -327,13 +327,17 @@ def targets(summaries: list[dict], ceiling: dict | None) -> list[str]:
     return out
 
 
+def child_argv(system: str, args, workload_file: Path, out_file: Path) -> list[str]:
+    """main's arguments for one system's run (or the ceiling's timing) on its own: it writes its
+    result to `out_file`."""
+    argv = ["--run-system", system, "--model", args.model, "--workload-file", str(workload_file),
+            "--preview-every", str(args.preview_every), "--out", str(out_file)]
+    return argv + (["--threads", str(args.threads)] if args.threads else [])
+
+
 def _child(system: str, args, workload_file: Path, out_file: Path) -> dict:
-    cmd = [sys.executable, __file__, "--run-system", system, "--model", args.model, "--workload-file", str(workload_file),
-           "--preview-every", str(args.preview_every), "--out", str(out_file)]
-    if args.threads:
-        cmd += ["--threads", str(args.threads)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run(cmd, check=True, env=env)
+    subprocess.run([sys.executable, __file__, *child_argv(system, args, workload_file, out_file)], check=True, env=env)
     return json.loads(out_file.read_text())
 
 

@@ -299,7 +299,8 @@ def studio_process(folder: Path, max_branches: int, max_steps: int, threads: int
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}/"
     try:
-        deadline = time.monotonic() + 120
+        # Only a start that hangs reaches this: a loaded machine has taken minutes to import and load.
+        deadline = time.monotonic() + 600
         while True:
             if process.poll() is not None:
                 raise RuntimeError(f"the studio exited: {process.stderr.read().decode()[-2000:]}")
@@ -309,7 +310,7 @@ def studio_process(folder: Path, max_branches: int, max_steps: int, threads: int
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError("the studio did not start within 120 s")
+                raise RuntimeError("the studio did not start within 600 s")
             time.sleep(0.2)
         yield url
     finally:

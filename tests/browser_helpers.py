@@ -14,6 +14,8 @@ from typing import Iterator
 
 import pytest
 
+from studio.page.ui import BROWSER_STORAGE_KEY
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
@@ -33,6 +35,13 @@ def browser():
         chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
+
+
+def wait_for_history_token(page, timeout_ms: float = 120_000) -> None:
+    """Until the page holds its browser's History token (its first load event answered with it):
+    a request sent before then is filed under the tab's session, not the browser, so a reloaded
+    page's History or a restart's notice would not find it."""
+    page.wait_for_function(f"() => !!localStorage.getItem({BROWSER_STORAGE_KEY!r})", timeout=timeout_ms)
 
 
 def shot(page, name: str) -> None:

@@ -10,8 +10,14 @@ import socket
 
 import httpx
 
-from studio.page.ui import BROWSER_STORAGE_KEY
-from tests.browser_helpers import BROWSER_MARKS, browser, shot, sync_api  # noqa: F401 (fixture)
+from tests.browser_helpers import (  # noqa: F401 (fixture)
+    BROWSER_MARKS,
+    browser,
+    shot,
+    sync_api,
+    wait_for_history_token,
+)
+from tests.studio_helpers import START_TIMEOUT_S
 from tests.test_durable_restart import count, rows
 from tests.test_http_api import wait_until
 from tests.test_reliability_app import app_process
@@ -30,11 +36,15 @@ def free_port() -> int:
 
 
 def open_simple_tab(context, url: str):
+    """The page at `url` on its Simple tab, once it holds its History token: a request sent before
+    the page's first load event has answered with the token is filed under the tab's session, not
+    the browser, and no later page of this browser would be told of it."""
     page = context.new_page()
     page.set_default_timeout(120_000)  # each wait is for one event of a real studio, on a machine maybe loaded
     page.goto(url)
     page.get_by_role("tab", name="Simple").click()
     page.wait_for_selector("#ss-generate")
+    wait_for_history_token(page, timeout_ms=START_TIMEOUT_S * 1000)
     return page
 
 
@@ -48,9 +58,6 @@ def test_a_returning_browser_is_told_what_was_resumed_and_finds_every_result(bro
         with app_process(*studio_args, step_delay_s=0.2) as first:
             url = first.url()
             page = open_simple_tab(context, url)
-            # The browser's History token (given by the page's first load event) is what the returning
-            # browser is known by: the batch must be started with it, not before it arrived.
-            page.wait_for_function(f"!!localStorage.getItem({BROWSER_STORAGE_KEY!r})", timeout=300_000)
             page.uncheck("#ss-random-seed input")
             page.fill("#ss-seed input", str(SEED))
             page.fill("#ss-steps input[type=number]", str(STEPS))
@@ -62,6 +69,10 @@ def test_a_returning_browser_is_told_what_was_resumed_and_finds_every_result(bro
             wait_until(lambda: count(database, "workflow_branches") == 1, timeout=300, what="the first result")
             first.process.send_signal(signal.SIGKILL)
             first.process.wait(60)
+            # The browser returns with a new tab: a tab left open reconnects to the restarted studio
+            # on the same port, runs the page's load events again and would be told first (each
+            # owner is told once), so whichever tab got there first would read the notice.
+            page.close()
         assert count(database, "workflow_runs") == 1 and count(database, "history") == 1
 
         # Started paused by its operator, so the returning tab acts on the resumed work before any of it runs.
@@ -69,7 +80,7 @@ def test_a_returning_browser_is_told_what_was_resumed_and_finds_every_result(bro
             url = second.url()
             page = open_simple_tab(context, url)
             banner = page.locator("#ss-restart-banner")
-            banner.wait_for(state="visible")
+            banner.wait_for(state="visible", timeout=120_000)
             assert banner.inner_text().startswith("The studio restarted; 3 of your requests were resumed.")
             # The resumed request runs in the session of the tab that is gone; this tab adopted it: "you".
             mine = page.locator("#ss-queue tr.ss-mine")
@@ -85,7 +96,7 @@ def test_a_returning_browser_is_told_what_was_resumed_and_finds_every_result(bro
             page.click("#ss-resume-queue")
             wait_until(lambda: count(database, "workflow_runs") == 0, timeout=300, what="the resumed batch")
             page.get_by_role("tab", name="History").click()
-            page.wait_for_function("document.querySelectorAll('#ss-history img').length === 4")
+            page.wait_for_function("document.querySelectorAll('#ss-history img').length === 4", timeout=120_000)
             shot(page, "browser-restart-banner")
     finally:
         context.close()

@@ -133,5 +133,5 @@ def test_two_studios_on_one_outputs_folder_the_second_exits_2(tmp_path):
     with app_process("--port", "0", "--outputs", str(outputs)) as first:
         first.url()
         second = _start_exit_status(outputs)
-        assert second.wait(120) == 2
+        assert second.wait(START_TIMEOUT_S) == 2
         assert f"is in use by another studio (pid {first.process.pid})" in second.stdout.read()

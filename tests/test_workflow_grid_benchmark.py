@@ -4,7 +4,9 @@ out of CI; its results are in docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -15,12 +17,35 @@ STUDIO = {"height": 32, "width": 32, "max_sequence_length": 16, "num_inference_s
           "guidance_scale": 2.0, "negative_prompt": ""}
 
 
+# What both smoke runs ask of their studio: 64 branches (the benchmark's least), 100 steps (ditto).
+STUDIO_LIMITS = {"max_branches": 64, "max_steps": 100, "threads": 2}
+
+
 @pytest.fixture(scope="module")
 def tiny_flux(tmp_path_factory):
     return build_tiny_flux(tmp_path_factory.mktemp("flux"), studio_config=STUDIO)
 
 
-def test_workflow_grid_benchmark_smoke(tiny_flux, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def studio_url(tiny_flux):
+    """The benchmark's own studio process (workflow_grid.studio_process), started once for both
+    smoke runs: each would start the same one (a start costs this machine 10-20 s)."""
+    with workflow_grid.studio_process(tiny_flux, **STUDIO_LIMITS) as url:
+        yield url
+
+
+@pytest.fixture
+def shared_studio(tiny_flux, studio_url, monkeypatch):
+    """A run of the benchmark gets the module's studio, once it has asked for the same one."""
+    @contextlib.contextmanager
+    def the_started_one(folder, **limits):
+        assert (Path(folder), limits) == (tiny_flux, STUDIO_LIMITS)
+        yield studio_url
+
+    monkeypatch.setattr(workflow_grid, "studio_process", the_started_one)
+
+
+def test_workflow_grid_benchmark_smoke(tiny_flux, shared_studio, tmp_path, capsys):
     out = tmp_path / "grid.json"
     result = workflow_grid.main(["--model", str(tiny_flux), "--guidance", "1", "2", "--steps", "3", "4",
                                  "--rounds", "1", "--out", str(out)])
@@ -41,7 +66,7 @@ def test_workflow_grid_benchmark_smoke(tiny_flux, tmp_path, capsys):
     assert "| workflow |" in printed and "x one-by-one (studio)" in printed
 
 
-def test_two_stage_benchmark_smoke(tiny_flux, tmp_path, capsys):
+def test_two_stage_benchmark_smoke(tiny_flux, shared_studio, tmp_path, capsys):
     out = tmp_path / "two_stage.json"
     # Stage 1's cells are 13 steps apart: the 3-step cell's stage 2 (3 of 4 steps at 0.6) can start
     # while the 16-step cell is still in stage 1.

@@ -37,6 +37,7 @@ from studio.outputs import OutputStore
 from studio.page.resumed_runs import resume_runs
 from studio.page.ui import STUDIO_CSS, build_ui, output_store
 from studio.page.workflow_tab import WorkflowRunner
+from studio.server.sockets import bind_socket, free_port  # noqa: F401 (free_port: the tests' import)
 from studio.workflows.registry import RunRegistry
 from studio.store.durable import DurableRequests
 from studio.store.recovery import ResumeReport, resume_accepted
@@ -130,29 +131,6 @@ def build_app(engine: EngineClient, config: StudioOptions, store: StudioStore | 
     app.state.resumed = resume_accepted(engine, durable, outputs, router.video_jobs, config.resume_max_age_s, resumed)
     resume_runs(runner, resumed, config.resume_max_age_s)
     return app
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port (0 = any free port). OSError when the port is taken:
-    the CLI binds before it loads the model, so a busy port is known at once."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # An explicit IPPROTO_TCP makes asyncio set TCP_NODELAY on accepted connections.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
 
 
 class StudioServer:
