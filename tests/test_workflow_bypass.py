@@ -34,7 +34,7 @@ def test_the_xy_example_with_its_steps_sweep_bypassed_makes_the_guidance_row_alo
     result = compile_workflow(parse_workflow(bypassed(XY, "4")), LIMITS)
     assert [(b.params.guidance_scale, b.params.num_inference_steps, b.params.seed) for b in result.branches] == [
         (1.0, None, 7), (3.0, None, 7), (5.0, None, 7)]  # steps: the model's default
-    (grid,) = result.grids  # its Y axis ("steps") was the bypassed Sweep's: left out, not refused
+    (grid,) = result.grids  # its Y axis ("steps") was the bypassed Sweep's: taken as auto, not refused
     assert (grid.x_axis, grid.y_axis, grid.columns, grid.rows, grid.cells) == (
         "guidance", None, ("1", "3", "5"), ("",), ((0, 1, 2),))
     # The compiled run keeps the workflow as sent (saved with each result, shown in the editor);
