@@ -289,8 +289,8 @@ def build_workflow_tab(engine: EngineClient) -> WorkflowTab:
         "Every branch of a Sampler (each combination of its inputs' values) is one engine request; "
         "branches and other people's requests share each denoise forward. Right-click for menus; "
         "Shift+drag selects several nodes; Ctrl+C / Ctrl+V / Ctrl+D copy, paste (also in another tab) "
-        "and duplicate; Ctrl+G groups; Ctrl+B bypasses; Del deletes; Ctrl+Z undoes. Pan: drag the canvas or the minimap; "
-        "zoom: Ctrl+wheel.",
+        "and duplicate; Ctrl+G groups; Ctrl+B bypasses; Del deletes; Ctrl+Z undoes. Pan: drag the canvas "
+        "or the minimap; zoom: Ctrl+wheel.",
         elem_id="ss-workflow-help",
     )
     editor = gr.HTML(
