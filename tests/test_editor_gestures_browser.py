@@ -1,7 +1,7 @@
 """The node editor's everyday gestures in a real headless Chromium, done with the mouse and the
 keyboard: search, links dropped on empty canvas, right-click menus, copy/paste (also into a second
-tab), duplicate, box-select, groups, full screen, the minimap, Ctrl+Enter and Ctrl+Alt+Enter, and
-the undo entry of each. Every test reads the graph JSON the editor would run.
+tab), duplicate, box-select, groups, bypass, full screen, the minimap, Ctrl+Enter and Ctrl+Alt+Enter,
+and the undo entry of each. Every test reads the graph JSON the editor would run.
 
 One page serves every test (each starts by opening its own workflow); screenshots land in
 test-artifacts/ for a human to look at.
@@ -148,7 +148,7 @@ def test_right_click_menus_add_colour_duplicate_and_delete_each_with_an_undo(pag
     assert positions(page)[added] == [700, 760]
 
     page.click(f"#node-{added} .sse-title-text", button="right")
-    assert menu_labels(page) == ["Duplicate", "Copy", "Delete", "Colour", "Group this node"]
+    assert menu_labels(page) == ["Duplicate", "Copy", "Delete", "Bypass", "Colour", "Group this node"]
     assert page.locator(".drawflow-delete").count() == 0  # drawflow's own right-click "x" never shows
     page.hover(".sse-menu-root > [data-label='Colour']")
     page.click(".sse-submenu > [data-label='Blue']")
@@ -311,6 +311,63 @@ def test_a_group_moves_the_nodes_inside_it_and_is_kept_in_the_workflow(page, stu
     page.wait_for_selector(".sse-group")
     assert graph(page)["groups"] == [{"title": "Group", "position": [30, 536], "size": group["size"]}]
     assert layout(page) == moved_out
+
+
+# ---------------------------------------------------------------------------- bypass
+def test_bypass_from_the_menu_and_ctrl_b_is_kept_in_the_workflow_undone_and_run_through(page, studio, monkeypatch):
+    open_workflow(page, XY)
+    ids = {n["values"].get("param"): n["id"] for n in graph(page)["nodes"] if n["type"] == "sweep"}
+    steps, guidance = ids["steps"], ids["guidance"]
+
+    def bypassed() -> list[str]:
+        return sorted(n["id"] for n in graph(page)["nodes"] if n.get("bypass") is True)
+
+    page.click(f"#node-{steps} .sse-title-text", button="right")
+    page.click(".sse-menu-root > [data-label='Bypass']")
+    assert bypassed() == [steps]
+    look = page.eval_on_selector(f"#node-{steps}", """el => [getComputedStyle(el).opacity,
+        getComputedStyle(el.querySelector('.sse-title')).backgroundColor]""")
+    assert look == ["0.6", "rgb(147, 51, 234)"]  # faded, its title purple
+    shot(page, "gestures-bypassed")
+    page.click(f"#node-{steps} .sse-title-text", button="right")
+    assert "Stop bypassing" in menu_labels(page)
+    press(page, "Escape")
+    # Ctrl+B on the selection; not while typing in a field.
+    page.click(f"#node-{guidance} input[df-values]")
+    press(page, "Control+b")
+    assert bypassed() == [steps]
+    page.click(f"#node-{guidance} .sse-title-text")
+    press(page, "Control+b")
+    assert bypassed() == sorted([steps, guidance])
+    # A duplicate of a bypassed node is bypassed too.
+    press(page, "Control+d")
+    assert len(bypassed()) == 3
+    # One undo entry per toggle: the duplicate, Ctrl+B, then the menu's Bypass.
+    press(page, "Control+z")
+    assert len(graph(page)["nodes"]) == 7 and len(bypassed()) == 2
+    press(page, "Control+z")
+    assert [n["values"]["param"] for n in graph(page)["nodes"] if n.get("bypass")] == ["steps"]
+    press(page, "Control+z")
+    assert bypassed() == []
+    press(page, "Control+Shift+z")
+    (steps,) = bypassed()  # the menu's Bypass again (undo numbers the nodes afresh)
+    assert [n["values"]["param"] for n in graph(page)["nodes"] if n["id"] == steps] == ["steps"]
+    # Opened from JSON (a file, an example, History: one path), the node comes back bypassed.
+    open_workflow(page, graph(page))
+    (steps,) = bypassed()
+    assert page.locator(".drawflow-node.sse-bypassed").count() == 1
+
+    # Run: the bypassed steps Sweep fans nothing out: 3 branches (of 9) reach the engine.
+    submitted = spy_on_submits(studio[1], monkeypatch)
+    page.mouse.click(*client(page, 1000, 900))  # on the canvas, away from any field
+    press(page, "Control+Enter")
+    page.wait_for_selector(".sse-root[data-run-state='completed']", timeout=60_000)
+    assert sorted((p.guidance_scale, p.num_inference_steps, p.seed) for p in submitted) == [
+        (1.0, 12, 7), (3.0, 12, 7), (5.0, 12, 7)]  # steps: the model's default
+    (sampler,) = node_ids(page, "sampler")
+    assert page.inner_text(f"#node-{sampler} .sse-badge") == "done 3/3"
+    assert page.inner_text(f"#node-{steps} .sse-badge") == "" and page.get_attribute(f"#node-{steps}", "data-state") == "idle"
+    shot(page, "gestures-bypassed-run")
 
 
 # ---------------------------------------------------------------------------- the canvas

@@ -259,8 +259,8 @@ def _static_url(path: Path) -> str:
 
 
 # The editor's gestures, one file each, attached to node_editor.js's editor as it mounts.
-EDITOR_PARTS = ("editor_colors.js", "editor_selection.js", "editor_clipboard.js", "editor_search.js",
-                "editor_link_drop.js", "editor_groups.js", "editor_menus.js", "editor_minimap.js",
+EDITOR_PARTS = ("editor_colors.js", "editor_bypass.js", "editor_selection.js", "editor_clipboard.js",
+                "editor_search.js", "editor_link_drop.js", "editor_groups.js", "editor_menus.js", "editor_minimap.js",
                 "editor_full_screen.js", "editor_shortcuts.js")
 
 
@@ -289,8 +289,8 @@ def build_workflow_tab(engine: EngineClient) -> WorkflowTab:
         "Every branch of a Sampler (each combination of its inputs' values) is one engine request; "
         "branches and other people's requests share each denoise forward. Right-click for menus; "
         "Shift+drag selects several nodes; Ctrl+C / Ctrl+V / Ctrl+D copy, paste (also in another tab) "
-        "and duplicate; Ctrl+G groups; Del deletes; Ctrl+Z undoes. Pan: drag the canvas or the minimap; "
-        "zoom: Ctrl+wheel.",
+        "and duplicate; Ctrl+G groups; Ctrl+B bypasses; Del deletes; Ctrl+Z undoes. Pan: drag the canvas "
+        "or the minimap; zoom: Ctrl+wheel.",
         elem_id="ss-workflow-help",
     )
     editor = gr.HTML(

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from studio.workflows.branches import Branch, Expansion
-from studio.workflows.format import Node, Problem, Workflow, WorkflowError
+from studio.workflows.bypass import without_bypassed
+from studio.workflows.format import Node, Problem, Workflow, WorkflowError, output_type
 from studio.workflows.limits import WorkflowLimits
-from studio.workflows.nodes import NODE_TYPES
+from studio.workflows.nodes import NODE_TYPES, Port
 from studio.workflows.ports import PortType, accepts
 
 
@@ -52,12 +53,6 @@ class CompiledWorkflow:
             if branch.parent is not None and (branch.parent == index or branch.parent in found):
                 found.append(branch.index)
         return found
-
-
-def output_type(node: Node, port_name: str) -> str | None:
-    node_type = NODE_TYPES[node.type]
-    port = node_type.output(port_name)
-    return None if port is None else node_type.port_type(port, node.values)
 
 
 # ---------------------------------------------------------------------------- graph checks
@@ -114,28 +109,41 @@ def _input_sources(workflow: Workflow) -> dict[tuple[str, str], Node]:
     return {(link.target.node, link.target.port): workflow.nodes[link.source.node] for link in workflow.links}
 
 
+def _missing_input(node: Node, port: Port, fed_by: Node | None) -> Problem:
+    """A required input without a link, or whose link came from a bypassed node (passing nothing it takes)."""
+    if fed_by is not None and fed_by.bypass:
+        return Problem(f"this input is required, and {_named(fed_by)}, which feeds it, is bypassed and passes no "
+                       f"{port.type} through: stop bypassing it, or link another {port.type} output here.",
+                       node.id, port.name)
+    return Problem(f"this input is required: link a {port.type} output to it.", node.id, port.name)
+
+
 # ---------------------------------------------------------------------------- compile
 def compile_workflow(workflow: Workflow, limits: WorkflowLimits | None = None,
                      picture_files: Callable[[str], bytes] | None = None) -> CompiledWorkflow:
     """Check the whole workflow and expand its branches. Raises WorkflowError naming every problem.
     `picture_files`: a saved result's bytes by its name, for Load image nodes that name one (the
-    caller's own results only; without it, only data URLs are read)."""
+    caller's own results only; without it, only data URLs are read). Bypassed nodes are passed
+    through first (`studio.workflows.bypass`); the result keeps the workflow as sent."""
     limits = limits or WorkflowLimits()
     problems: list[Problem] = []
     cycle = _find_cycle(workflow)
     if cycle:
         named = " -> ".join(_named(workflow.nodes[node_id]) for node_id in cycle)
         raise WorkflowError([Problem(f"the links form a cycle: {named}.", cycle[0])])
+    sent, workflow = workflow, without_bypassed(workflow)
     _check_link_types(workflow, problems)
-    sources = _input_sources(workflow)
+    sources, sent_sources = _input_sources(workflow), _input_sources(sent)
 
     for node in workflow.nodes.values():
         for port in NODE_TYPES[node.type].inputs:
             if port.required and (node.id, port.name) not in sources:
-                problems.append(Problem(f"this input is required: link a {port.type} output to it.", node.id, port.name))
-    samplers = [node for node in workflow.nodes.values() if node.type == "sampler"]
-    if not samplers:
-        problems.append(Problem("the workflow has no Sampler node, so it makes nothing: add one."))
+                problems.append(_missing_input(node, port, sent_sources.get((node.id, port.name))))
+    if not any(node.type == "sampler" for node in workflow.nodes.values()):
+        bypassed = [_named(node) for node in sent.nodes.values() if node.type == "sampler"]
+        problems.append(Problem(
+            f"every Sampler is bypassed ({', '.join(bypassed)}), so the workflow makes nothing: stop bypassing one."
+            if bypassed else "the workflow has no Sampler node, so it makes nothing: add one."))
     expansion = Expansion(workflow, sources, limits, problems, picture_files)
     expansion.run()
     if expansion.total > limits.max_branches:
@@ -147,6 +155,11 @@ def compile_workflow(workflow: Workflow, limits: WorkflowLimits | None = None,
         raise WorkflowError(problems)
 
     branches, node_branches = expansion.branches, expansion.node_branches
+    # Sampler inputs a bypass took out (fed by a bypassed node, or a bypassed sampler's): a Grid axis
+    # naming one is taken as auto, not refused (the X/Y example with its steps Sweep bypassed is a
+    # one-row plot of the guidance values; a Grid of a bypassed stage 2 plots stage 1).
+    unswept = {port for (target, port), source in sent_sources.items()
+               if sent.nodes[target].type == "sampler" and (source.bypass or sent.nodes[target].bypass)}
     grids = []
     for node in workflow.nodes.values():
         if NODE_TYPES[node.type].category != "outputs":
@@ -154,21 +167,26 @@ def compile_workflow(workflow: Workflow, limits: WorkflowLimits | None = None,
         sampler = sources[(node.id, PortType.IMAGES)]
         node_branches[node.id] = list(node_branches[sampler.id])
         if node.type == "grid":
-            grid = _grid_layout(node, sampler.id, [branches[i] for i in node_branches[sampler.id]], problems)
+            grid = _grid_layout(node, sampler.id, [branches[i] for i in node_branches[sampler.id]], problems, unswept)
             if grid is not None:
                 grids.append(grid)
     if problems:
         raise WorkflowError(problems)
-    return CompiledWorkflow(workflow, tuple(branches), tuple(grids),
-                            {node_id: tuple(indices) for node_id, indices in node_branches.items()})
+    # A bypassed node takes part in no branch; it is still one of the run's nodes (its badge empty).
+    return CompiledWorkflow(sent, tuple(branches), tuple(grids),
+                            {node_id: tuple(node_branches.get(node_id, ())) for node_id in sent.nodes})
 
 
-def _grid_layout(node: Node, sampler_id: str, branches: list[Branch], problems: list[Problem]) -> GridLayout | None:
-    """Columns: the X axis's values; rows: the Y axis's values (and any further fan-out, combined)."""
+def _grid_layout(node: Node, sampler_id: str, branches: list[Branch], problems: list[Problem],
+                 unswept: frozenset[str] | set[str] = frozenset()) -> GridLayout | None:
+    """Columns: the X axis's values; rows: the Y axis's values (and any further fan-out, combined).
+    An axis naming an input in `unswept` (fed by a bypassed node) that nothing sweeps is taken as auto."""
     swept = [axis.input for axis in branches[0].axes] if branches else []
     chosen = {}
     for name in ("x", "y"):
         value = node.values.get(name, "auto")
+        if isinstance(value, str) and value in unswept and value not in swept:
+            value = "auto"
         if value != "auto" and value not in swept:
             available = ", ".join(swept) or "none (link a fan-out node to the sampler)"
             problems.append(Problem(f"{value!r:.30} is not swept by sampler {sampler_id}; swept inputs: {available}.",
@@ -177,7 +195,7 @@ def _grid_layout(node: Node, sampler_id: str, branches: list[Branch], problems: 
         chosen[name] = None if value == "auto" else value
     remaining = [name for name in swept if name not in chosen.values()]
     x_axis = chosen["x"] or (remaining.pop(0) if remaining else None)
-    if x_axis == chosen["y"]:
+    if x_axis is not None and x_axis == chosen["y"]:  # both unset (nothing swept) is a one-cell grid
         problems.append(Problem("X and Y are the same input: choose two different ones.", node.id, "y"))
         return None
     y_axes = ([chosen["y"]] if chosen["y"] else []) + [name for name in remaining if name != x_axis]

@@ -8,7 +8,8 @@ A workflow is JSON (version 1):
      "links": [{"from": {"node": "1", "port": "prompt"}, "to": {"node": "2", "port": "prompt"}}]}
 
 A node may also have a "color", and the workflow "groups": what the editor draws, kept with the
-workflow and never read by the compiler (`studio.workflows.layout`).
+workflow and never read by the compiler (`studio.workflows.layout`). A node with "bypass": true
+passes its inputs through (`studio.workflows.bypass`).
 
 Every port has a type; a link joins an output to an input of the same type, and an input takes
 at most one link. The node types (`studio.workflows.nodes`) say which ports and fields each
@@ -89,12 +90,22 @@ class Node:
     values: dict[str, Any] = field(default_factory=dict, hash=False)
     position: tuple[float, float] = (0.0, 0.0)
     color: str | None = None  # the editor's colour for the node ("#rrggbb"); the compiler ignores it
+    bypass: bool = False  # passes its inputs through instead of running (studio.workflows.bypass)
 
     def to_json(self) -> dict:
         node = {"id": self.id, "type": self.type, "values": dict(self.values), "position": list(self.position)}
         if self.color is not None:
             node["color"] = self.color
+        if self.bypass:
+            node["bypass"] = True
         return node
+
+
+def output_type(node: Node, port_name: str) -> str | None:
+    """The type of a node's output port (a Sweep's: its setting; None while that is not valid)."""
+    node_type = NODE_TYPES[node.type]
+    port = node_type.output(port_name)
+    return None if port is None else node_type.port_type(port, node.values)
 
 
 @dataclass(frozen=True)
@@ -322,9 +333,12 @@ def parse_workflow(source: str | bytes | dict) -> Workflow:
         color, color_problem = parse_color(raw.get("color"), "the node's")
         if color_problem:
             problems.append(Problem(color_problem, node_id))
+        bypass = raw.get("bypass", False)
+        if not isinstance(bypass, bool):
+            problems.append(Problem(f"bypass must be true or false (or left out), got {bypass!r:.40}.", node_id))
         merged = NODE_TYPES[node_type].default_values()
         merged.update({k: v for k, v in values.items() if k in merged})
-        nodes[node_id] = Node(node_id, node_type, merged, _position(raw.get("position")), color)
+        nodes[node_id] = Node(node_id, node_type, merged, _position(raw.get("position")), color, bypass is True)
 
     links: list[Link] = []
     linked_inputs: set[Endpoint] = set()

@@ -1,6 +1,6 @@
 /* Copy, paste and duplicate (a part of studio/page/web/node_editor.js).
  *
- * What is copied is a piece of workflow JSON: the selected nodes (values, colours, positions) and
+ * What is copied is a piece of workflow JSON: the selected nodes (values, colours, bypass, positions) and
  * the links between them. It goes to the browser's storage, which every tab of this studio shares,
  * and to the system clipboard through the page's copy event, so Ctrl+V pastes it in this tab,
  * another tab, or another browser. A paste lands where the mouse is (else next to the originals),
@@ -50,7 +50,7 @@
         const [x, y] = node.position || [0, 0];
         const id = editor.addNode(node.type, x + dx, y + dy, node.values || {});
         editor.syncFields(id);
-        if (node.color && editor.colors) editor.colors.set(id, node.color);
+        editor.emit("inserted", node, id); // the parts restore what they keep (colour, bypass)
         ids[node.id] = id;
       }
       for (const link of fragment.links || []) {

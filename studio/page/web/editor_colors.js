@@ -23,6 +23,7 @@
       editor.on("loaded", (workflow, ids) => {
         for (const node of workflow.nodes) if (node.color && ids[String(node.id)] !== undefined) this.set(ids[String(node.id)], node.color);
       });
+      editor.on("inserted", (node, id) => { if (node.color) this.set(id, node.color); }); // pasted, duplicated
     }
 
     set(id, color) {

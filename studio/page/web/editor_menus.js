@@ -1,12 +1,10 @@
 /* Right-click menus (a part of studio/page/web/node_editor.js).
  *
  * On the canvas: search, add a node by category, add a group, paste, select all, fit. On a node
- * (or the selection it is part of): duplicate, copy, delete, colour, group. On a link: delete it.
- * On a group's title: the group's own menu (editor_groups.js). drawflow's own right-click (a lone
- * "x" on the selected node or link) never shows: the menu is decided before drawflow sees the event.
- *
- * A node has no "bypass": the workflow format has no way to say that a node passes its input
- * through (the compiler would have to know it), so it is left out rather than faked.
+ * (or the selection it is part of): duplicate, copy, delete, bypass, colour, group. On a link:
+ * delete it. On a group's title: the group's own menu (editor_groups.js). drawflow's own
+ * right-click (a lone "x" on the selected node or link) never shows: the menu is decided before
+ * drawflow sees the event.
  */
 (function () {
   "use strict";
@@ -81,6 +79,8 @@
         { label: "Duplicate" + many, hint: "Ctrl+D", run: () => editor.clipboard.duplicate() },
         { label: "Copy" + many, hint: "Ctrl+C", run: () => editor.clipboard.copy() },
         { label: "Delete" + many, hint: "Del", run: () => editor.selection.remove() },
+        { label: (editor.bypass.turnsOn(ids) ? "Bypass" : "Stop bypassing") + many, hint: "Ctrl+B",
+          run: () => editor.bypass.toggle(ids) },
         { label: "Colour", items: swatches },
         { label: "Group" + (many || " this node"), hint: "Ctrl+G", run: () => editor.groups.around(ids) },
       ];

@@ -20,6 +20,7 @@
     ["d", true, false, false, (e) => e.clipboard.duplicate()],
     ["a", true, false, false, (e) => e.selection.selectAll()],
     ["g", true, false, false, (e) => e.groups.around(e.selection.selected())],
+    ["b", true, false, false, (e) => e.bypass.toggle(e.selection.selected())],
     ["delete", false, null, false, (e) => e.selection.remove()],
     ["backspace", false, null, false, (e) => e.selection.remove()],
     ["escape", false, null, false, (e) => (e.fullScreen.on ? e.fullScreen.toggle(false) : e.selection.set([]))],

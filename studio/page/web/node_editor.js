@@ -11,7 +11,8 @@
  * The gestures (search, menus, selection, clipboard, groups, minimap, shortcuts) live in their own
  * editor_*.js files: each registers a part in window.StepStudioEditorParts, attached to the editor
  * before its first workflow loads, and talks to it through on()/emit() (events: "saving" with the
- * workflow being written, "loaded" with the workflow and its new node ids, "committed", "view").
+ * workflow being written, "loaded" with the workflow and its new node ids, "inserted" with one
+ * pasted node's JSON and its new id, "committed", "view").
  */
 (function () {
   "use strict";
@@ -802,6 +803,11 @@
         badge.textContent = view.total ? `${view.state} ${ended.completed || 0}/${view.total}` : "";
         badge.title = view.total ? this.countsText(ended, view.total) : "";
         const liveView = this.types[el.dataset.nodeType].live_view;  // what the node type says it shows
+        if (!view.total) {  // in no branch (bypassed, or feeding no sampler): nothing of an earlier run stays
+          live.innerHTML = "";
+          for (const key of ["runId", "count", "grid"]) delete live.dataset[key];
+          continue;
+        }
         if (liveView === "branch_bars") this.showBranchBars(live, branches);
         else if (liveView === "previews") this.showThumbs(live, branches, (b) => b.preview || b.image, "sse-preview");
         // An output node shows each branch's live preview until its result replaces it.
