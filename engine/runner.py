@@ -93,6 +93,9 @@ class ModelRunner:
         predictions, forward_errors = self._forward(rows, costs)
         times.forward_s = time.perf_counter() - started
         errors.update(forward_errors)
+        # Rows whose request reused its cached residual in this forward (step caching).
+        skipped_rows = sum(costs[state.request_id].rows for state in rows
+                           if state.request_id in predictions and _skipped_this_step(state))
 
         results = list(errors.values())
         started = time.perf_counter()
@@ -108,6 +111,7 @@ class ModelRunner:
             rows=tuple(results),
             batch_size=len(predictions),
             forward_rows=sum(costs[request_id].rows for request_id in predictions),
+            skipped_rows=skipped_rows,
         )
 
     def decode_denoised(self) -> RunnerOutput:
@@ -137,6 +141,7 @@ class ModelRunner:
                         total_steps=state.total_steps,
                         images=tuple(images),
                         is_video=pipeline.info.output_kind == "video",
+                        skipped_steps=tuple(state.skipped_steps),
                     )
                 )
             self.states.pop(state.request_id, None)
@@ -245,9 +250,11 @@ class ModelRunner:
                 error_stage="step_scheduler",
             )
 
+        skipped = tuple(state.skipped_steps)
         if state.is_denoised:
             self._denoised.append(state)  # its image comes next, no preview needed
-            return RowResult(request_id, steps_done=state.step_index, total_steps=state.total_steps)
+            return RowResult(request_id, steps_done=state.step_index, total_steps=state.total_steps,
+                             skipped_steps=skipped)
 
         preview = None
         every = state.params.preview_every
@@ -258,4 +265,10 @@ class ModelRunner:
             except Exception:  # noqa: BLE001 - a preview is a nicety, never fatal
                 log.exception("preview failed for %s; continuing without it", request_id)
             times.preview_s.append(time.perf_counter() - started)
-        return RowResult(request_id, steps_done=state.step_index, total_steps=state.total_steps, preview=preview)
+        return RowResult(request_id, steps_done=state.step_index, total_steps=state.total_steps, preview=preview,
+                         skipped_steps=skipped)
+
+
+def _skipped_this_step(state: RequestState) -> bool:
+    """Whether the forward that just ran reused this request's cached residual (before its step)."""
+    return bool(state.skipped_steps) and state.skipped_steps[-1] == state.step_index

@@ -32,6 +32,7 @@ with a text-to-image denoiser: FluxInpaintPipeline, StableDiffusionInpaintPipeli
 from __future__ import annotations
 
 import abc
+import contextlib
 import copy
 import functools
 import inspect
@@ -55,6 +56,7 @@ from pipelines.lora_adapters import read_adapter
 from pipelines.lora_rows import RowLoras
 from pipelines.params import GenerationParams, start_step
 from pipelines.prompt_cache import AdaptedText, BatchedPromptEncoder, PromptEmbeddingCache, PromptKey
+from pipelines.step_cache import BlockStack, CachedRequest, RowStepCache, StepCacheState
 from pipelines.studio_config import StudioConfig, read_studio_config
 from pipelines.validation import check_image_params, check_scheduler_name
 
@@ -84,6 +86,8 @@ class RequestExtra:
     image_latents: torch.Tensor | None = None
     noise: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    # Step caching (pipelines/step_cache.py): this request's own memory; None when it runs uncached.
+    step_cache: StepCacheState | None = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -110,6 +114,8 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
     output_kind = "image"
     # The GenerationParams image fields this family takes (PipelineInfo.image_inputs).
     image_inputs: tuple[str, ...] = ()
+    # How the family's transformer runs its blocks, for step caching (None: it does not cache steps).
+    block_stack: BlockStack | None = None
 
     def __init__(
         self,
@@ -136,6 +142,7 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
         self.prompt_cache = PromptEmbeddingCache(self._encode_prompt_keys)
         self.image_cache = ImageEncodingCache(self._encode_images)
         self.attention_backend = select_attention_backend(self.denoiser, device, self.denoiser.dtype)
+        self.step_cache = None if self.block_stack is None else RowStepCache(self.block_stack)
         self.loras = RowLoras({
             f"{component}.{inner}": module
             for component, model in self._adapter_components().items()
@@ -190,6 +197,8 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
     def _pipeline_info(
         self, defaults: ModelDefaults, size_multiple: int, uses_negative_prompt: bool = True, **extras: str
     ) -> PipelineInfo:
+        if self.step_cache is None:
+            defaults = replace(defaults, step_cache=0.0)
         return PipelineInfo(
             name=self.name,
             family=self.family,
@@ -200,6 +209,7 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
             schedulers=self.schedulers,
             supported_sizes=self.studio.sizes,
             image_inputs=self.image_inputs,
+            step_cache=self.step_cache is not None,
             extras={
                 **extras,
                 "default_scheduler": self.default_scheduler or self.schedulers[0],
@@ -290,6 +300,8 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
         state.generator = torch.Generator(device=self.device).manual_seed(params.seed)
         state.extra = self._request_extra(state)
         state.extra.begin_index = begin
+        if params.step_cache and self.step_cache is not None:
+            state.extra.step_cache = StepCacheState()
         state.latents = self._initial_latents(state) if params.init_image is None else self._latents_from_image(state)
 
     def _scheduler_template(self, params: GenerationParams):
@@ -370,8 +382,18 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
         layout = CfgLayout.of(states)
         # Each row with its request's adapters (both rows of a CFG request), on shared base weights.
         with self.loras.rows([row.state.params.loras for row in layout.rows], self.device, denoiser.dtype):
-            prediction = self._forward(denoiser, layout.rows)
+            with self._step_caching(denoiser, layout):
+                prediction = self._forward(denoiser, layout.rows)
         return layout.combine(prediction, self._guide)
+
+    def _step_caching(self, denoiser: torch.nn.Module, layout: CfgLayout):
+        """The per-row step cache for this forward, when any of its requests caches (else nothing
+        changes: the forward is exactly the uncached one)."""
+        if self.step_cache is None or not any(state.extra.step_cache is not None for state in layout.states):
+            return contextlib.nullcontext()
+        requests = [CachedRequest(state, tuple(index for index, row in enumerate(layout.rows) if row.state is state),
+                                  state.extra.step_cache) for state in layout.states]
+        return self.step_cache.applied(denoiser, requests, self.loras.only_rows)
 
     @abc.abstractmethod
     def _forward(self, denoiser: torch.nn.Module, rows: Sequence[Row]) -> torch.Tensor:

@@ -70,6 +70,9 @@ class RequestState:
     latents: "torch.Tensor | None" = None
     timesteps: "torch.Tensor | None" = None
     step_index: int = 0
+    # Steps (indices into timesteps) whose forward reused the request's cached residual instead of
+    # running the model's later blocks (step caching, pipelines/step_cache.py; written by denoise_step).
+    skipped_steps: list[int] = field(default_factory=list)
     # The request's own noise scheduler (a deep copy of a pristine template): never shared.
     noise_scheduler: Any = None
     generator: "torch.Generator | None" = None
@@ -119,6 +122,8 @@ class ModelDefaults:
     # How much of the schedule a request with an init image runs when it does not say
     # (diffusers' FluxImg2ImgPipeline and StableDiffusion3Img2ImgPipeline default).
     strength: float = 0.6
+    # Step caching threshold of a request that does not say (0 = off; pipelines/step_cache.py).
+    step_cache: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,8 @@ class PipelineInfo:
     image_inputs: tuple[str, ...] = ()
     # The LoRA adapters loaded for this model, by name (GenerationParams.loras names them).
     loras: tuple[str, ...] = ()
+    # Whether a request may ask for step caching (GenerationParams.step_cache > 0).
+    step_cache: bool = False
     # Stages drawn in the pipeline graph view, in order.
     stages: tuple[str, ...] = ("prompt", "encode", "denoise", "decode", "media")
     extras: dict[str, str] = field(default_factory=dict)
@@ -219,4 +226,5 @@ def resolve_defaults(params: GenerationParams, defaults: ModelDefaults) -> Gener
         guidance_scale=defaults.guidance_scale if params.guidance_scale is None else params.guidance_scale,
         negative_prompt=defaults.negative_prompt if params.negative_prompt is None else params.negative_prompt,
         num_frames=defaults.num_frames if params.num_frames is None else params.num_frames,
+        step_cache=defaults.step_cache if params.step_cache is None else params.step_cache,
     )
