@@ -131,7 +131,7 @@ def add_queue_routes(router: fastapi.APIRouter, engine_: engine.EngineClient, co
 def _own_queue(engine_: engine.EngineClient, session: str) -> dict:
     views = [view for view in engine_.snapshot().requests if view.session_id == session]
     requests = [{"request_id": v.request_id, "model": v.model, "prompt": v.prompt, "state": v.state, "step": v.step,
-                 "total": v.total, "position": v.position, "paused": v.paused} for v in views]
+                 "total": v.total, "skipped": v.skipped, "position": v.position, "paused": v.paused} for v in views]
     return {**queue_actions.queue_state(engine_, session), "requests": requests}
 
 
