@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
 from engine.scheduler import RowResult, RunnerOutput, SchedulerOutput
-from pipelines.interface import Batch, BatchedImageEncoding, BatchedPromptEncoding, RequestState, StepPipeline
+from pipelines.interface import (
+    Batch,
+    BatchedDecoding,
+    BatchedImageEncoding,
+    BatchedPromptEncoding,
+    RequestState,
+    StepPipeline,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -115,38 +122,63 @@ class ModelRunner:
         )
 
     def decode_denoised(self) -> RunnerOutput:
-        """VAE-decode the requests whose last step just ran, and free their states.
+        """VAE-decode the requests whose last step just ran, and free their states. Requests of a
+        pipeline that decodes several at once (`BatchedDecoding`) share its VAE calls.
 
         Separate from `execute` so the step's progress and previews reach every batch-mate
         before the (comparatively slow) decodes run."""
+        finished = [state for state in self._denoised if state.request_id in self.states]  # not cancelled meanwhile
+        self._denoised = []
+        by_pipeline: dict[int, list[RequestState]] = {}
+        for state in finished:
+            by_pipeline.setdefault(id(self.pipeline_of(state.params)), []).append(state)
         results = []
-        for state in self._denoised:
-            if state.request_id not in self.states:  # cancelled after its last step: no image wanted
-                continue
+        for states in by_pipeline.values():
+            pipeline = self.pipeline_of(states[0].params)
+            for state, images, seconds in self._decoded(pipeline, states):
+                results.append(self._decode_result(pipeline, state, images, seconds))
+                self.states.pop(state.request_id, None)
+        return RunnerOutput(rows=tuple(results), batch_size=0)
+
+    def _decoded(self, pipeline: StepPipeline, states: list[RequestState]):
+        """(state, its media or the exception, its share of the decode time) for each state: one
+        batched call when the pipeline offers it, else (or when it fails) one call each."""
+        if len(states) > 1 and isinstance(pipeline, BatchedDecoding):
             started = time.perf_counter()
-            pipeline = self.pipeline_of(state.params)
+            try:
+                media = pipeline.post_decode_many(states)
+                if len(media) != len(states):
+                    raise RuntimeError(f"post_decode_many returned {len(media)} results for {len(states)} requests")
+            except Exception:  # noqa: BLE001 - each request is decoded, and fails, on its own
+                log.warning("batched decode of %d requests failed; decoding them one by one", len(states), exc_info=True)
+            else:
+                share = (time.perf_counter() - started) / len(states)
+                return [(state, images, share) for state, images in zip(states, media)]
+        decoded = []
+        for state in states:
+            started = time.perf_counter()
             try:
                 images = pipeline.post_decode(state)
-                if not isinstance(images, (list, tuple)) or not images:
-                    raise TypeError(f"post_decode returned {images!r}; a pipeline must return a non-empty list of images")
             except Exception as exc:  # noqa: BLE001
                 log.exception("post_decode failed for %s", state.request_id)
-                results.append(_failure(state.request_id, "post_decode", exc))
-            else:
-                self.last_times.decode_s.append(time.perf_counter() - started)
-                results.append(
-                    RowResult(
-                        state.request_id,
-                        steps_done=state.step_index,
-                        total_steps=state.total_steps,
-                        images=tuple(images),
-                        is_video=pipeline.info.output_kind == "video",
-                        skipped_steps=tuple(state.skipped_steps),
-                    )
-                )
-            self.states.pop(state.request_id, None)
-        self._denoised = []
-        return RunnerOutput(rows=tuple(results), batch_size=0)
+                images = exc
+            decoded.append((state, images, time.perf_counter() - started))
+        return decoded
+
+    def _decode_result(self, pipeline: StepPipeline, state: RequestState, images, seconds: float) -> RowResult:
+        if not isinstance(images, Exception) and (not isinstance(images, (list, tuple)) or not images):
+            images = TypeError(f"post_decode returned {images!r}; a pipeline must return a non-empty list of images")
+        if isinstance(images, Exception):
+            return _failure(state.request_id, "post_decode", images)
+        self.last_times.decode_s.append(seconds)
+        return RowResult(
+            state.request_id,
+            steps_done=state.step_index,
+            total_steps=state.total_steps,
+            images=tuple(images),
+            is_video=pipeline.info.output_kind == "video",
+            skipped_steps=tuple(state.skipped_steps),
+        )
 
     # ------------------------------------------------------------------ helpers
     def _encode_prompts_together(self, new) -> float:

@@ -425,11 +425,30 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
     @torch.no_grad()
     def decode(self, state: RequestState, output_type: str = "pil"):
         """The stock pipeline's VAE decode and postprocess of the request's latents: "pil", "np" or "pt"."""
-        image = self.vae.decode(self._vae_latents(state), return_dict=False)[0]
-        return self.pipe.image_processor.postprocess(self._decoded(image), output_type=output_type)
+        return self._decode_latents(self._vae_latents(state), output_type)[0]
 
     def post_decode(self, state: RequestState) -> "list[Image.Image]":
         return self.decode(state, output_type="pil")
+
+    @torch.no_grad()
+    def post_decode_many(self, states: Sequence[RequestState]) -> "list[list[Image.Image]]":
+        """post_decode of several finished requests: ONE VAE call per latent shape (BatchedDecoding)."""
+        by_shape: dict[tuple[int, ...], list[tuple[int, torch.Tensor]]] = {}
+        for index, state in enumerate(states):
+            latents = self._vae_latents(state)
+            by_shape.setdefault(tuple(latents.shape), []).append((index, latents))
+        results: list = [None] * len(states)
+        for items in by_shape.values():
+            decoded = self._decode_latents(torch.cat([latents for _, latents in items]), "pil")
+            for (index, _), media in zip(items, decoded):
+                results[index] = list(media)
+        return results
+
+    def _decode_latents(self, latents: torch.Tensor, output_type: str) -> list:
+        """ONE VAE decode and postprocess of rows of VAE latents: one request's media per row."""
+        images = self.vae.decode(latents, return_dict=False)[0]
+        media = self.pipe.image_processor.postprocess(self._decoded(images), output_type=output_type)
+        return [media[row : row + 1] for row in range(len(latents))]
 
     @abc.abstractmethod
     def _vae_latents(self, state: RequestState) -> torch.Tensor:

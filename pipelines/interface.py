@@ -32,7 +32,9 @@ that really run) and latents that start from the image, noised to the first of t
 mask, step_scheduler puts the unmasked part back after every step. A pipeline names the image
 fields it takes in `PipelineInfo.image_inputs`; `validate` refuses the others. Optionally it
 also offers `encode_images(params)` (`BatchedImageEncoding`): the runner calls it with every
-request joining a step, so their init images share one VAE encoder call.
+request joining a step, so their init images share one VAE encoder call. Likewise
+`post_decode_many(states)` (`BatchedDecoding`): the requests that finish in the same step share
+one VAE decoder call per latent shape.
 
 LoRA adapters (`GenerationParams.loras`): a pipeline that serves them lists the loaded ones in
 `PipelineInfo.loras` and applies each row's own adapters inside `denoise_step`'s one forward
@@ -203,6 +205,16 @@ class BatchedImageEncoding(Protocol):
     def encode_images(self, params: Sequence[GenerationParams]) -> None:
         """VAE-encode the init images of these requests in as few calls as their sizes allow, so
         their prepare_encode calls find them. An optimisation only, like `encode_prompts`."""
+
+
+@runtime_checkable
+class BatchedDecoding(Protocol):
+    """Optional part of the protocol, for pipelines that can VAE-decode several requests at once."""
+
+    def post_decode_many(self, states: Sequence[RequestState]) -> "list[list[Image.Image]]":
+        """post_decode of requests that finished denoising in the same step, in as few VAE calls as
+        their latent shapes allow; one result per state, in order. An optimisation only: when it
+        raises, the runner decodes each request on its own."""
 
 
 def resolve_defaults(params: GenerationParams, defaults: ModelDefaults) -> GenerationParams:

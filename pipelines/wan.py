@@ -220,12 +220,12 @@ class WanStepPipeline(FlowMatchStepPipeline):
     def _vae_latents(self, state: RequestState) -> torch.Tensor:
         return unnormalized(self.vae, state.latents)
 
-    @torch.no_grad()
-    def decode(self, state: RequestState, output_type: str = "pil"):
-        """WanPipeline's decode of the request's latents: the frames as PIL images ("pil"), or an
+    def _decode_latents(self, latents: torch.Tensor, output_type: str) -> list:
+        """WanPipeline's decode of rows of latents: per row, the frames as PIL images ("pil"), or an
         array [frames, height, width, 3] in [0, 1] ("np")."""
-        video = self.vae.decode(self._vae_latents(state), return_dict=False)[0]
-        return self.pipe.video_processor.postprocess_video(video, output_type=output_type)[0]
+        video = self.vae.decode(latents, return_dict=False)[0]
+        frames = self.pipe.video_processor.postprocess_video(video, output_type=output_type)
+        return [frames[row] for row in range(len(latents))]
 
     def _render_preview(self, x0: torch.Tensor, params: GenerationParams) -> list[Image.Image]:
         """Every latent frame of the predicted x0, linearly mapped to RGB (one pixel per latent

@@ -5,8 +5,9 @@
 (and caching off, the reference), every prompt is its own request, all submitted at once to one
 engine in step mode (so requests co-batch as when serving), request i with seed + i. The table
 says, per row: the share of model rows that skipped the later blocks (from the engine's own
-counters: what caching saved, free of this machine's timing noise), the wall time relative to
-caching off in the same run, and each evaluator score with its change from caching off (the
+counters: what caching saved, free of this machine's timing noise), the wall time and this
+process's CPU time relative to caching off in the same run (the CPU time moves less when other
+work shares the machine), and each evaluator score with its change from caching off (the
 quality bar: every score within 0.02).
 """
 
@@ -24,22 +25,23 @@ class SweepRow:
     rule: str
     threshold: float
     seconds: float  # wall time of the whole run (submit to the last result)
+    cpu_seconds: float  # this process's CPU time over the run: the work done, less moved by other load
     rows_skipped: float  # share of model rows that reused their cached residual
     scores: dict[str, float]
 
 
-def engine_run(pipeline, requests: list, max_batch: int = 8) -> tuple[list, float, float]:
+def engine_run(pipeline, requests: list, max_batch: int = 8) -> tuple[list, float, float, float]:
     """Every GenerationParams in `requests` through one engine in step mode, submitted at once:
-    (the Completed events in order, seconds, share of model rows skipped)."""
+    (the Completed events in order, wall seconds, CPU seconds, share of model rows skipped)."""
     from engine import Completed, Engine, ServingLimits
 
     limits = ServingLimits(max_queue=len(requests) + 1, max_per_session=len(requests) + 1)
     engine = Engine(pipeline, mode="step", max_batch_requests=max_batch, limits=limits).start()
     try:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         handles = [engine.submit(params, session_id="eval") for params in requests]
         finals = [handle.result(timeout=3600) for handle in handles]
-        seconds = time.perf_counter() - started
+        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
         stats = engine.snapshot().stats
     finally:
         engine.close()
@@ -47,7 +49,7 @@ def engine_run(pipeline, requests: list, max_batch: int = 8) -> tuple[list, floa
     if failed:
         raise RuntimeError(f"{len(failed)} evaluation requests did not complete, e.g. {failed[0]!r}")
     rows = stats.rows_computed + stats.rows_skipped
-    return finals, seconds, stats.rows_skipped / rows if rows else 0.0
+    return finals, seconds, cpu_seconds, stats.rows_skipped / rows if rows else 0.0
 
 
 def sweep(pipeline, requests_for: Callable[[float], list], score: Callable[[list], dict[str, float]],
@@ -60,8 +62,8 @@ def sweep(pipeline, requests_for: Callable[[float], list], score: Callable[[list
     for rule, threshold in runs:
         if rule != "off":
             pipeline.step_cache.rule = rule
-        finals, seconds, skipped = engine_run(pipeline, requests_for(threshold), max_batch)
-        row = SweepRow(rule, threshold, seconds, skipped, score(finals))
+        finals, seconds, cpu_seconds, skipped = engine_run(pipeline, requests_for(threshold), max_batch)
+        row = SweepRow(rule, threshold, seconds, cpu_seconds, skipped, score(finals))
         rows.append(row)
         if report is not None:
             report(row)
@@ -69,8 +71,8 @@ def sweep(pipeline, requests_for: Callable[[float], list], score: Callable[[list
 
 
 def header(attributes: Sequence[str]) -> str:
-    return ("| rule | threshold | rows skipped | wall s | x speed | " + " | ".join(attributes)
-            + f" | within {QUALITY_BAR} |\n|" + "---|" * (len(attributes) + 6))
+    return ("| rule | threshold | rows skipped | wall s | x speed (wall) | CPU s | x speed (CPU) | "
+            + " | ".join(attributes) + f" | within {QUALITY_BAR} |\n|" + "---|" * (len(attributes) + 8))
 
 
 def table_row(row: SweepRow, reference: SweepRow, attributes: Sequence[str]) -> str:
@@ -81,7 +83,8 @@ def table_row(row: SweepRow, reference: SweepRow, attributes: Sequence[str]) -> 
         cells.append(f"{row.scores[attribute]:.2f}" + ("" if row is reference else f" ({change:+.2f})"))
     within = all(row.scores[a] >= reference.scores[a] - QUALITY_BAR - 1e-9 for a in attributes)
     return (f"| {row.rule} | {row.threshold:g} | {row.rows_skipped:.0%} | {row.seconds:.1f} "
-            f"| {reference.seconds / row.seconds:.2f} | " + " | ".join(cells) + f" | {'yes' if within else 'no'} |")
+            f"| {reference.seconds / row.seconds:.2f} | {row.cpu_seconds:.1f} | {reference.cpu_seconds / row.cpu_seconds:.2f} | "
+            + " | ".join(cells) + f" | {'yes' if within else 'no'} |")
 
 
 def print_sweep(pipeline, requests_for, score, thresholds, rules, attributes, max_batch: int = 8) -> list[SweepRow]:
