@@ -8,7 +8,11 @@
 Systems: `diffusers` (FluxPipeline.__call__ one request at a time), `request` (stepstudio
 request mode, max batch 8), `stepN` (stepstudio step mode with max batch N), `httpN` (step
 mode with max batch N behind the OpenAI-compatible HTTP API: the serving layer's cost;
-no cancels are sent there, since an HTTP client can't see steps). Each system
+no cancels are sent there, since an HTTP client can't see steps). Step caching is off in every
+stepstudio system (`step_cache=0`) unless its name ends in `-cache` (`step8-cache`,
+`request-cache`): those send `--step-cache THRESHOLD` (default: the model's own). A name
+ending in `-onedecode` decodes every finished request on its own instead of sharing one VAE
+call with the requests that finish in the same step (`step8-onedecode`). Each system
 runs in its own subprocess (so peak memory is its own) on the same seeded workload.
 A `ceiling` run, before and after the systems, times the bare batched denoiser forward to
 show how much batching can give.
@@ -46,19 +50,29 @@ DEFAULT_SYSTEMS = ("diffusers", "request", "step1", "step4", "step8")
 
 
 # ---------------------------------------------------------------------------- one system (child)
-def _make_system(name: str, model: str, preview_every: int, guidance: float | None):
+SYSTEM_OPTIONS = ("cache", "onedecode")  # name suffixes of the stepstudio systems
+
+
+def _make_system(name: str, model: str, preview_every: int, guidance: float | None, step_cache: float | None = None):
     from benchmarks.systems import DiffusersSystem, EngineSystem, HttpSystem
 
-    if name.startswith("http") and name[4:].isdigit():
-        return HttpSystem(model, max_batch=int(name[4:]), preview_every=preview_every, guidance_scale=guidance)
+    base, *options = name.split("-")
     if name == "diffusers":
         return DiffusersSystem(model, preview_every, guidance_scale=guidance)
-    if name == "request":
-        return EngineSystem(model, mode="request", max_batch=8, preview_every=preview_every, guidance_scale=guidance)
-    if name.startswith("step") and name[4:].isdigit():
-        return EngineSystem(model, mode="step", max_batch=int(name[4:]), preview_every=preview_every,
-                            guidance_scale=guidance)
-    raise ValueError(f"unknown system {name!r}: use diffusers, request, stepN or httpN (e.g. step8).")
+    if set(options) - set(SYSTEM_OPTIONS) or (options and base.startswith("http")):
+        raise ValueError(f"unknown system {name!r}: the stepstudio systems' options are -cache and -onedecode.")
+    engine_options = {"step_cache": step_cache if "cache" in options else 0.0,
+                      "batched_decodes": "onedecode" not in options}
+    if base.startswith("http") and base[4:].isdigit():
+        return HttpSystem(model, max_batch=int(base[4:]), preview_every=preview_every, guidance_scale=guidance)
+    if base == "request":
+        return EngineSystem(model, mode="request", max_batch=8, preview_every=preview_every, guidance_scale=guidance,
+                            **engine_options)
+    if base.startswith("step") and base[4:].isdigit():
+        return EngineSystem(model, mode="step", max_batch=int(base[4:]), preview_every=preview_every,
+                            guidance_scale=guidance, **engine_options)
+    raise ValueError(f"unknown system {name!r}: use diffusers, request, stepN or httpN (e.g. step8), "
+                     "stepstudio ones with -cache or -onedecode (e.g. step8-cache).")
 
 
 def _drive(system, workload: Workload) -> list:
@@ -101,6 +115,14 @@ _ENGINE_HISTOGRAMS = {
 }
 
 
+def _engine_rows(system) -> tuple[int, int]:
+    """(rows computed, rows skipped) by the engine so far; (0, 0) for systems without one."""
+    if not hasattr(system, "engine"):
+        return 0, 0
+    stats = system.engine.snapshot().stats
+    return stats.rows_computed, stats.rows_skipped
+
+
 def _engine_histogram_totals(system) -> dict[str, tuple[float, float]]:
     """(sum, count) of each engine histogram; empty for systems without an engine."""
     if not hasattr(system, "engine"):
@@ -110,10 +132,10 @@ def _engine_histogram_totals(system) -> dict[str, tuple[float, float]]:
             for key, metric in _ENGINE_HISTOGRAMS.items()}
 
 
-def run_system(name: str, model: str, workload: Workload, preview_every: int) -> dict:
+def run_system(name: str, model: str, workload: Workload, preview_every: int, step_cache: float | None = None) -> dict:
     import torch
 
-    system = _make_system(name, model, preview_every, workload.guidance_scale)
+    system = _make_system(name, model, preview_every, workload.guidance_scale, step_cache)
     # Warm-up: one request alone, outside the measurement; it also calibrates the step time.
     warm = workload.items[0]
     from dataclasses import replace
@@ -129,10 +151,11 @@ def run_system(name: str, model: str, workload: Workload, preview_every: int) ->
     else:
         solo_step_s = (warm_record.finished - warm_record.admitted) / warm.steps
 
-    before = _engine_histogram_totals(system)
+    before, rows_before = _engine_histogram_totals(system), _engine_rows(system)
     started = time.perf_counter()
     records = _drive(system, workload)
     wall = time.perf_counter() - started
+    rows_computed, rows_skipped = (after - earlier for after, earlier in zip(_engine_rows(system), rows_before))
     engine_means = {}
     for key, (total, count) in _engine_histogram_totals(system).items():
         total_before, count_before = before[key]
@@ -148,6 +171,8 @@ def run_system(name: str, model: str, workload: Workload, preview_every: int) ->
         **engine_means,  # serving_step_s: the unit of admission and cancel latency
         "solo_latency_s": warm_record.finished - warm_record.submitted,
         "forwards_by_batch_size": sizes,
+        "rows_computed": rows_computed,
+        "rows_skipped": rows_skipped,
         "peak_rss_mb": peak_rss_mb,
         "peak_gpu_mb": gpu_mb,
         "records": [asdict(r) for r in sorted(records, key=lambda r: r.index)],
@@ -197,6 +222,8 @@ def summarize(result: dict) -> dict:
         "cancel_latency_max_s": max(cancel) if cancel else None,
         "mean_batch": sum(b * n for b, n in sizes.items()) / forwards if forwards else None,
         "peak_batch": max(sizes) if sizes else None,
+        "rows_skipped_share": (result.get("rows_skipped", 0) / (result.get("rows_computed", 0) + result.get("rows_skipped", 0))
+                               if result.get("rows_computed", 0) + result.get("rows_skipped", 0) else None),
         "solo_step_s": result["solo_step_s"],
         "serving_step_s": result.get("serving_step_s"),
         "engine_cancel_s": result.get("engine_cancel_s"),
@@ -220,6 +247,10 @@ def timeline(result: dict, width: int = 60) -> str:
         mark = "x" if r["status"] == "aborted" else "#"
         lines.append(f"  req {r['index']:>3} {r['steps']:>3} steps |{' ' * a}{'.' * (b - a)}{mark * (c - b)}")
     return "\n".join(lines)
+
+
+def _pct_text(share: float | None) -> str:
+    return "-" if share is None else f"{share:.0%}"
 
 
 def _fmt(value, digits=3) -> str:
@@ -255,8 +286,9 @@ def report(summaries: list[dict], ceiling: dict | None, workload: Workload) -> s
     base = next((s for s in summaries if s["system"] == "diffusers"), None)
     rows = [
         "| system | done | aborted | wall s | req/min | x diffusers | lat mean s | p50 | p99 | queue mean s "
-        "| admission p50 s | first preview p50 s | cancel mean s | cancel max s | mean batch | peak batch | peak RSS MB |",
-        "|" + "---|" * 17,
+        "| admission p50 s | first preview p50 s | cancel mean s | cancel max s | mean batch | peak batch "
+        "| rows skipped | peak RSS MB |",
+        "|" + "---|" * 18,
     ]
     for s in summaries:
         ratio = s["throughput_rpm"] / base["throughput_rpm"] if base and base["throughput_rpm"] else None
@@ -265,7 +297,7 @@ def report(summaries: list[dict], ceiling: dict | None, workload: Workload) -> s
             f"| {_fmt(ratio, 2)} | {_fmt(s['latency_mean_s'])} | {_fmt(s['latency_p50_s'])} | {_fmt(s['latency_p99_s'])} "
             f"| {_fmt(s['queue_delay_mean_s'])} | {_fmt(s['admission_p50_s'])} | {_fmt(s['first_preview_p50_s'])} "
             f"| {_fmt(s['cancel_latency_mean_s'])} | {_fmt(s['cancel_latency_max_s'])} | {_fmt(s['mean_batch'], 2)} "
-            f"| {s['peak_batch'] or '-'} | {_fmt(s['peak_rss_mb'], 0)} |"
+            f"| {s['peak_batch'] or '-'} | {_pct_text(s.get('rows_skipped_share'))} | {_fmt(s['peak_rss_mb'], 0)} |"
         )
     lines = ["\n".join(rows)]
     if any(len(s.get("throughput_rounds_rpm", ())) > 1 for s in summaries):
@@ -306,6 +338,17 @@ def targets(summaries: list[dict], ceiling: dict | None) -> list[str]:
         out.append(f"step8 throughput / request mode: {by['step8']['throughput_rpm'] / by['request']['throughput_rpm']:.2f}x (target >= 1)")
     if "step8" in by and ceiling and "ceiling_rpm" in ceiling:
         out.append(f"step8 throughput / ceiling: {by['step8']['throughput_rpm'] / ceiling['ceiling_rpm']:.2f} (target >= 0.90)")
+    if "step8-cache" in by:
+        cached = by["step8-cache"]
+        if "step8" in by:
+            out.append(f"step8-cache throughput / step8: {cached['throughput_rpm'] / by['step8']['throughput_rpm']:.2f}x "
+                       f"({_pct_text(cached['rows_skipped_share'])} of the rows skipped)")
+        if ceiling and "ceiling_rpm" in ceiling:
+            out.append(f"step8-cache throughput / ceiling: {cached['throughput_rpm'] / ceiling['ceiling_rpm']:.2f} "
+                       "(target >= 1.5)")
+    if "step8-onedecode" in by and "step8" in by:
+        out.append(f"step8 (batched decodes) throughput / step8-onedecode: "
+                   f"{by['step8']['throughput_rpm'] / by['step8-onedecode']['throughput_rpm']:.2f}x")
     for name in ("step8", "step4"):
         if name in by and by[name]["serving_step_s"]:
             s = by[name]
@@ -332,6 +375,8 @@ def _child(system: str, args, workload_file: Path, out_file: Path) -> dict:
            "--preview-every", str(args.preview_every), "--out", str(out_file)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    if args.step_cache is not None:
+        cmd += ["--step-cache", str(args.step_cache)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run(cmd, check=True, env=env)
     return json.loads(out_file.read_text())
@@ -362,6 +407,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="run every system this many times, in rotating order, and report each one's "
                              "median-throughput round (this machine's speed drifts between runs)")
     parser.add_argument("--no-ceiling", action="store_true", help="skip timing the bare batched denoiser")
+    parser.add_argument("--step-cache", type=float, default=None, metavar="THRESHOLD",
+                        help="the step-caching threshold of the -cache systems (default: the model's own)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "serving.json"))
     # internal: run one system in this process
     parser.add_argument("--run-system", help=argparse.SUPPRESS)
@@ -382,7 +429,7 @@ def main(argv: list[str] | None = None) -> dict:
             result = measure_denoiser(args.model, size=workload.items[0].size, batch_sizes=(1, 8),
                                       guidance_scale=workload.guidance_scale, frames=workload.items[0].frames)
         else:
-            result = run_system(args.run_system, args.model, workload, args.preview_every)
+            result = run_system(args.run_system, args.model, workload, args.preview_every, args.step_cache)
         Path(args.out).write_text(json.dumps(result))
         return result
 
@@ -440,6 +487,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"{'users' if args.workload == 'closed' else 'arrivals'}, steps {args.steps_mix}, sizes {args.sizes}, "
           f"{f'frames {args.frames_mix}, ' if args.kind == 'video' else ''}"
           f"cancel {args.cancel_fraction:.0%}, guidance {args.guidance_scale or 'model default'}, "
+          f"{f'step cache {args.step_cache:g} (-cache systems), ' if args.step_cache is not None else ''}"
           f"seed {args.seed}; {machine})\n")
     print(report(summaries, ceiling, workload))
     print("\nTargets:")

@@ -63,13 +63,18 @@ def _negative_prompt(model_defaults) -> str | None:
 
 # ---------------------------------------------------------------------------- stepstudio
 class EngineSystem:
+    step_cache: float | None = 0.0  # every request's step-caching threshold (None: the model's default)
+
     def __init__(self, model: str, mode: str, max_batch: int, preview_every: int,
-                 guidance_scale: float | None = None) -> None:
+                 guidance_scale: float | None = None, step_cache: float | None = 0.0,
+                 batched_decodes: bool = True) -> None:
         self.pipeline = load_pipeline(model)
         self.preview_every = preview_every
         self.guidance_scale = guidance_scale
+        self.step_cache = step_cache
         limits = ServingLimits(max_steps=1000, max_size=4096, max_queue=100_000, max_per_session=100_000)
-        self.engine = Engine(self.pipeline, mode=mode, max_batch_requests=max_batch, limits=limits).start()
+        self.engine = Engine(self.pipeline, mode=mode, max_batch_requests=max_batch, limits=limits,
+                             batched_decodes=batched_decodes).start()
 
     def params(self, item: WorkItem) -> GenerationParams:
         return GenerationParams(
@@ -81,6 +86,7 @@ class EngineSystem:
             preview_every=self.preview_every,
             guidance_scale=self.guidance_scale,
             num_frames=item.frames,
+            step_cache=self.step_cache,
         )
 
     def submit(self, item: WorkItem) -> Ticket:

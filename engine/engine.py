@@ -84,6 +84,7 @@ class Engine(QueueControl):
         mode: Mode = "step",
         max_batch_requests: int = 8,
         limits: ServingLimits | None = None,
+        batched_decodes: bool = True,
     ) -> None:
         self.models = ModelSet(pipeline)
         self.pipeline = self.models[None]  # the default model's pipeline
@@ -93,7 +94,8 @@ class Engine(QueueControl):
         self.metrics = EngineMetrics()
         self._pauses = Pauses()  # paused queues (engine.queue_control): callers write, the scheduler reads
         self._scheduler = Scheduler(mode=mode, max_batch_requests=max_batch_requests, pauses=self._pauses)
-        self._runner = ModelRunner(self.models.pipelines)
+        # Requests that finish in the same step share a VAE decode (False: one each, for comparison).
+        self._runner = ModelRunner(self.models.pipelines, batched_decodes=batched_decodes)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stopping = False  # a stop command was applied: the loop ends (engine thread only)

@@ -62,8 +62,9 @@ class ModelRunner:
     """Runs each step on the pipeline of the batch's model (a batch never mixes models: the
     model is part of the batch key)."""
 
-    def __init__(self, pipelines: Mapping[str, StepPipeline]) -> None:
+    def __init__(self, pipelines: Mapping[str, StepPipeline], batched_decodes: bool = True) -> None:
         self.pipelines = dict(pipelines)
+        self.batched_decodes = batched_decodes  # False: one decode per request (benchmarks compare the two)
         self.states: dict[str, RequestState] = {}  # request id -> state; empty when idle
         self.last_times = StageTimes()
         self._denoised: list[RequestState] = []  # finished denoising this step; decoded after the update
@@ -143,7 +144,7 @@ class ModelRunner:
     def _decoded(self, pipeline: StepPipeline, states: list[RequestState]):
         """(state, its media or the exception, its share of the decode time) for each state: one
         batched call when the pipeline offers it, else (or when it fails) one call each."""
-        if len(states) > 1 and isinstance(pipeline, BatchedDecoding):
+        if self.batched_decodes and len(states) > 1 and isinstance(pipeline, BatchedDecoding):
             started = time.perf_counter()
             try:
                 media = pipeline.post_decode_many(states)
