@@ -153,7 +153,10 @@ def test_a_cached_request_skips_the_same_steps_and_makes_the_same_image_alone_or
 
 
 def test_step_mode_and_request_mode_make_the_same_skips_and_pixels(image):
-    requests = [request(p, 21 + i, step_cache=(0.1, 0.2, 0.3, 0.2)[i]) for i, p in enumerate(PROMPTS)]
+    """Step mode: the fourth request joins when the 12-step one leaves, beside the others mid-run;
+    request mode: it waits for the first three to finish and runs alone."""
+    requests = [request(p, 21 + i, step_cache=(0.1, 0.2, 0.3, 0.2)[i], num_inference_steps=(20, 12, 20, 20)[i])
+                for i, p in enumerate(PROMPTS)]
     step = run(image, requests, mode="step", max_batch=3)
     whole = run(image, requests, mode="request", max_batch=3)
     assert any(final.skipped_steps for final in step)
