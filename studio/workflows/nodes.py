@@ -29,7 +29,8 @@ from studio.workflows.readers import (
 
 # A Grid's axes name a sampler input that a fan-out node feeds (or an earlier stage's, inherited).
 GRID_AXES = ("auto", PortType.PROMPT, PortType.NEGATIVE_PROMPT, PortType.SEED, PortType.SIZE, PortType.STEPS,
-             PortType.GUIDANCE, PortType.SCHEDULER, PortType.FRAMES, PortType.MODEL, PortType.STRENGTH, PortType.LORA)
+             PortType.GUIDANCE, PortType.SCHEDULER, PortType.FRAMES, PortType.MODEL, PortType.STRENGTH, PortType.LORA,
+             PortType.STEP_CACHE)
 
 
 # ---------------------------------------------------------------------------- the types
@@ -155,6 +156,10 @@ NODE_TYPES: dict[str, NodeType] = {
                     (Field("strength", "float", 0.6, "Strength", help="0 keeps the picture, 1 redraws it from noise",
                            step=0.05),),
                     "How much of its picture a sampler redraws."),
+        _value_node("step_cache", "Step cache", PortType.STEP_CACHE,
+                    (Field("threshold", "float", 0.3, "Threshold",
+                           help="0 = off; higher skips more steps (FLUX and Wan models)", step=0.05),),
+                    "Step caching: a step whose model output barely changes reuses most of the last one."),
         NodeType("lora", "LoRA", "values",
                  "A LoRA adapter the sampler runs with, at a scale; chain LoRA nodes for several, sweep the scale "
                  "with a Sweep into `scale`. Rows with different adapters still share one forward.",
