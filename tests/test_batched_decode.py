@@ -53,7 +53,7 @@ def pixels(final: Completed) -> np.ndarray:
 
 
 def test_images_that_finish_together_share_one_decode_and_keep_their_pixels(image, monkeypatch):
-    requests = [GenerationParams(prompt=p, seed=60 + i, num_inference_steps=(6, 6, 6, 4)[i])
+    requests = [GenerationParams(prompt=p, seed=60 + i, num_inference_steps=(6, 6, 6, 4)[i], step_cache=0)
                 for i, p in enumerate(example_prompts(4, seed=60))]
     alone = [run_together(image, [p])[0] for p in requests]
     rows = decoded_batches(image, monkeypatch)
@@ -76,7 +76,7 @@ def test_a_failed_batched_decode_decodes_each_request_on_its_own(image, monkeypa
 
 def test_videos_share_a_decode_only_when_their_shapes_match(video, monkeypatch):
     prompts = [caption(spec) for spec in held_out_specs()[:3]]
-    requests = [GenerationParams(prompt=p, seed=80 + i, num_inference_steps=3, num_frames=(9, 9, 5)[i])
+    requests = [GenerationParams(prompt=p, seed=80 + i, num_inference_steps=3, num_frames=(9, 9, 5)[i], step_cache=0)
                 for i, p in enumerate(prompts)]
     alone = [run_together(video, [p])[0] for p in requests]
     rows = decoded_batches(video, monkeypatch)

@@ -21,7 +21,7 @@ from pipelines.interface import Batch, RequestState
 from pipelines.loader import load_pipeline
 from pipelines.lora_files import BUILTIN_LORA_DIR
 from pipelines.lora_request import LoraUse
-from pipelines.step_cache import RowStepCache
+from pipelines.step_cache import DEFAULT_RULE, RowStepCache
 from tools.moving_shapes_world import caption as video_caption
 from tools.moving_shapes_world import held_out_specs
 from tools.shapes_world import example_prompts
@@ -128,28 +128,34 @@ def test_caching_that_skips_nothing_is_bit_for_bit_the_uncached_forward(image, r
         off = denoised(image, params)
         on = denoised(image, [GenerationParams(**{**p.__dict__, "step_cache": 1e-9}) for p in params])
     finally:
-        image.step_cache.rule = "first-block"
+        image.step_cache.rule = DEFAULT_RULE
     assert all(s.skipped_steps == [] for s in on)
     for a, b in zip(off, on):
         assert torch.equal(a.latents, b.latents)
 
 
 # ----------------------------------------------------------------------------- alone = co-batched
-def test_a_cached_request_skips_the_same_steps_and_makes_the_same_image_alone_or_co_batched(image):
-    mine = request(PROMPTS[0], 11)
-    alone = run(image, [mine])[0]
+@pytest.mark.parametrize("rule", ["first-block", "teacache"])
+def test_a_cached_request_skips_the_same_steps_and_makes_the_same_image_alone_or_co_batched(image, rule):
+    image.step_cache.rule = rule
+    try:
+        mine = request(PROMPTS[0], 11)
+        alone = run(image, [mine])[0]
+        others = [
+            request(PROMPTS[1], 12, step_cache=0.1),
+            request(PROMPTS[2], 13, step_cache=0),  # uncached: always computes
+            request(PROMPTS[3], 14, step_cache=0.4, num_inference_steps=12),
+            request(PROMPTS[1], 15, step_cache=0.3, guidance_scale=1.0),  # no CFG: one row
+            request(PROMPTS[2], 16, step_cache=0.2),  # joins after 6 forwards
+        ]
+        together = run(image, [mine] + others, join_after={5: 6})
+        others_alone = [run(image, [params])[0] for params in others]
+    finally:
+        image.step_cache.rule = DEFAULT_RULE
     assert 3 <= len(alone.skipped_steps) <= 17, alone.skipped_steps  # it does skip, and not everything
-    others = [
-        request(PROMPTS[1], 12, step_cache=0.1),
-        request(PROMPTS[2], 13, step_cache=0),  # uncached: always computes
-        request(PROMPTS[3], 14, step_cache=0.4, num_inference_steps=12),
-        request(PROMPTS[1], 15, step_cache=0.3, guidance_scale=1.0),  # no CFG: one row
-        request(PROMPTS[2], 16, step_cache=0.2),  # joins after 6 forwards
-    ]
-    together = run(image, [mine] + others, join_after={5: 6})
     assert_same_request(alone, together[0])
-    for params, final in zip(others, together[1:]):
-        assert_same_request(run(image, [params])[0], final)
+    for final_alone, final in zip(others_alone, together[1:]):
+        assert_same_request(final_alone, final)
 
 
 def test_step_mode_and_request_mode_make_the_same_skips_and_pixels(image):
@@ -207,7 +213,7 @@ def test_video_requests_skip_the_same_steps_alone_or_co_batched(video, rule):
         alone = [run(video, [p])[0] for p in requests]
         together = run(video, requests)
     finally:
-        video.step_cache.rule = "first-block"
+        video.step_cache.rule = DEFAULT_RULE
     assert alone[0].skipped_steps and not alone[2].skipped_steps
     for a, b in zip(alone, together):
         assert_same_request(a, b)

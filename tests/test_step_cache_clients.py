@@ -18,6 +18,7 @@ from tests.studio_helpers import connect, live_studio
 
 PROMPT = "a large red circle on a blue background, left"
 THRESHOLD = 0.3  # the built-in model skips most of its 20 steps at this threshold
+DEFAULT = 0.2  # assets/shapes-flux/stepstudio.json's step_cache
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +51,13 @@ def test_gradio_client_sends_a_threshold_and_hears_the_skipped_steps(client, sub
     assert by_keyword["skipped"] == status["skipped"]  # the same request: the same skips
 
 
-def test_an_old_positional_call_runs_without_step_caching(client, submitted):
+def test_an_old_positional_call_runs_at_the_models_default_threshold(client, submitted):
     status, _, _ = client.predict(PROMPT, "", 64, 64, 20, 3.0, 5, "", api_name="/generate")
-    assert submitted[-1].step_cache is None  # the model's default, off for the built-in model
-    assert status["state"] == "completed" and status["skipped"] == 0, status
+    assert submitted[-1].step_cache is None  # the model's default: its stepstudio.json's
+    default = client.predict(PROMPT, "", 64, 64, 20, 3.0, 5, "", None, DEFAULT, api_name="/generate")[0]
+    off = client.predict(PROMPT, "", 64, 64, 20, 3.0, 5, "", None, 0, api_name="/generate")[0]
+    assert status["state"] == "completed" and status["skipped"] == default["skipped"] > 0, (status, default)
+    assert off["skipped"] == 0
 
 
 def test_the_openai_client_sends_a_threshold_and_each_image_says_its_skips(api, submitted):

@@ -269,7 +269,7 @@ def main() -> None:
                         help="also write first/middle/last frames of the model's example prompts here")
     parser.add_argument("--step-cache", type=float, nargs="+", default=None, metavar="THRESHOLD",
                         help="through stepstudio's engine: caching off, then step caching at each threshold")
-    parser.add_argument("--step-cache-rule", nargs="+", default=["first-block"], choices=("first-block", "teacache"),
+    parser.add_argument("--step-cache-rule", nargs="+", default=["teacache"], choices=("first-block", "teacache"),
                         help="with --step-cache: the rules to try (pipelines/step_cache.py)")
     args = parser.parse_args()
 
