@@ -22,9 +22,8 @@ from dataclasses import replace
 import torch
 
 from benchmarks.gpu_budget import Section
-from benchmarks.gpu_serving import GUIDANCE, LIMITS
+from benchmarks.gpu_serving import run_batch
 from benchmarks.gpu_stand_in import StandInFluxPipeline
-from engine import Completed, Engine, GenerationParams
 from pipelines.flux import FluxStepPipeline
 from pipelines.interface import Batch, RequestState
 from pipelines.step_cache import CachedRequest, RowStepCache, StepCacheState
@@ -59,25 +58,11 @@ class CachingStandIn(StandInFluxPipeline):
 def run_cached(pipeline: CachingStandIn, size: int, requests: int, steps: int, threshold: float) -> dict:
     """`requests` requests queued before the engine starts, each with `threshold`."""
     pipeline.final_latents = {}
-    engine = Engine(pipeline, mode="step", max_batch_requests=requests, limits=LIMITS)
-    handles = [engine.submit(GenerationParams(prompt=f"request {i}", width=size, height=size, num_inference_steps=steps,
-                                              guidance_scale=GUIDANCE, seed=i, step_cache=threshold),
-                             session_id=f"client{i}") for i in range(requests)]
-    started = time.perf_counter()
-    engine.start()
-    try:
-        finals = [handle.result(timeout=3600) for handle in handles]
-        stats = engine.snapshot().stats
-    finally:
-        engine.close()
-    seconds = time.perf_counter() - started
-    failed = [final for final in finals if not isinstance(final, Completed)]
-    if failed:
-        raise RuntimeError(f"{len(failed)} of {requests} requests did not complete: {failed[0]!r}")
-    rows = stats.rows_computed + stats.rows_skipped
-    return {"seconds": seconds, "images_per_s": requests / seconds, "rows_skipped": stats.rows_skipped / rows,
-            "skipped_steps": [len(final.skipped_steps) for final in finals],
-            "latents": [pipeline.final_latents[handle.request_id] for handle in handles]}
+    run = run_batch(pipeline, size, requests, steps, step_cache=threshold)
+    rows = run["rows_computed"] + run["rows_skipped"]
+    return {"seconds": run["seconds"], "images_per_s": requests / run["seconds"], "rows_skipped": run["rows_skipped"] / rows,
+            "skipped_steps": [len(final.skipped_steps) for final in run["finals"]],
+            "latents": [pipeline.final_latents[request_id] for request_id in run["request_ids"]]}
 
 
 def caching_rows(stand_in: StandInFluxPipeline, size: int, requests: int, steps: int,

@@ -387,24 +387,12 @@ def evaluate_lora(args) -> None:
 
 def evaluate_step_cache(args) -> None:
     """Caching off and each rule at each threshold, through stepstudio's engine (step mode)."""
-    from engine import GenerationParams
-    from pipelines.loader import load_pipeline
-    from tools.step_cache_sweep import print_sweep
+    from tools.step_cache_sweep import sweep_prompts
 
-    prompts = example_prompts(args.prompts, seed=args.seed)
-    pipeline = load_pipeline(str(args.model))
-    guidance = args.cfg[0] if args.cfg else None
-    print(f"model {args.model}, {len(prompts)} prompts (seed {args.seed}), noise seeds {args.seed} + i, "
-          f"{args.steps or 'default'} steps, through stepstudio's engine (step mode, batch {args.batch})\n")
-
-    def requests_for(threshold: float) -> list:
-        return [GenerationParams(prompt=prompt, seed=args.seed + i, num_inference_steps=args.steps,
-                                 guidance_scale=guidance, step_cache=threshold) for i, prompt in enumerate(prompts)]
-
-    def score(finals: list) -> dict:
-        return evaluate_images([(prompt, final.images[0]) for prompt, final in zip(prompts, finals)])
-
-    print_sweep(pipeline, requests_for, score, args.step_cache, args.step_cache_rule, ATTRIBUTES, args.batch)
+    sweep_prompts(args.model, example_prompts(args.prompts, seed=args.seed), args.seed, args.steps,
+                  args.cfg[0] if args.cfg else None,
+                  lambda pairs: evaluate_images([(prompt, final.images[0]) for prompt, final in pairs]),
+                  args.step_cache, args.step_cache_rule, ATTRIBUTES, args.batch)
 
 
 def main() -> None:

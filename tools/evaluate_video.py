@@ -232,24 +232,13 @@ def evaluation_prompts(split: str, repeats: int) -> list[str]:
 
 def evaluate_step_cache(args) -> None:
     """Caching off and each rule at each threshold, through stepstudio's engine (step mode)."""
-    from engine import GenerationParams
-    from pipelines.loader import load_pipeline as load_step_pipeline
-    from tools.step_cache_sweep import print_sweep
+    from tools.step_cache_sweep import sweep_prompts
 
-    prompts = evaluation_prompts(args.split, args.repeats)
-    pipeline = load_step_pipeline(str(args.model))
-    guidance = args.cfg[0] if args.cfg else None
-    print(f"model {args.model}, {args.split} split, {len(prompts)} clips, noise seeds {args.seed} + i, "
-          f"{args.steps or 'default'} steps, through stepstudio's engine (step mode, batch {args.batch})\n")
-
-    def requests_for(threshold: float) -> list:
-        return [GenerationParams(prompt=prompt, seed=args.seed + i, num_inference_steps=args.steps,
-                                 guidance_scale=guidance, step_cache=threshold) for i, prompt in enumerate(prompts)]
-
-    def score(finals: list) -> dict:
-        return evaluate_videos([(prompt, final.images) for prompt, final in zip(prompts, finals)])
-
-    print_sweep(pipeline, requests_for, score, args.step_cache, args.step_cache_rule, ATTRIBUTES, args.batch)
+    print(f"{args.split} split\n")
+    sweep_prompts(args.model, evaluation_prompts(args.split, args.repeats), args.seed, args.steps,
+                  args.cfg[0] if args.cfg else None,
+                  lambda pairs: evaluate_videos([(prompt, final.images) for prompt, final in pairs]),
+                  args.step_cache, args.step_cache_rule, ATTRIBUTES, args.batch)
 
 
 def main() -> None:

@@ -98,3 +98,23 @@ def print_sweep(pipeline, requests_for, score, thresholds, rules, attributes, ma
 
     sweep(pipeline, requests_for, score, thresholds, rules, max_batch, report)
     return rows
+
+
+def sweep_prompts(model, prompts: list[str], seed: int, steps: int | None, guidance: float | None,
+                  score: Callable[[list], dict[str, float]], thresholds: Sequence[float], rules: Sequence[str],
+                  attributes: Sequence[str], max_batch: int = 8) -> list[SweepRow]:
+    """`print_sweep` over `prompts`, each its own request with seed + i (steps and guidance: None,
+    the model's), on the step pipeline loaded from `model`; `score(pairs)` scores (prompt, Completed)."""
+    from engine import GenerationParams
+    from pipelines.loader import load_pipeline
+
+    pipeline = load_pipeline(str(model))
+    print(f"model {model}, {len(prompts)} prompts, noise seeds {seed} + i, {steps or 'default'} steps, through "
+          f"stepstudio's engine (step mode, batch {max_batch})\n")
+
+    def requests_for(threshold: float) -> list:
+        return [GenerationParams(prompt=prompt, seed=seed + i, num_inference_steps=steps, guidance_scale=guidance,
+                                 step_cache=threshold) for i, prompt in enumerate(prompts)]
+
+    return print_sweep(pipeline, requests_for, lambda finals: score(list(zip(prompts, finals))), thresholds, rules,
+                       attributes, max_batch)
