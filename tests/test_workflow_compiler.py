@@ -411,10 +411,10 @@ def test_node_type_specs_describe_ports_fields_and_model_defaults():
     specs = {spec["name"]: spec for spec in node_type_specs({"steps": {"steps": 28}})}
     assert [p["name"] for p in specs["sampler"]["inputs"]] == [
         "prompt", "negative_prompt", "seed", "size", "steps", "guidance", "scheduler", "frames", "model", "strength",
-        "step_cache", "image", "mask", "lora"]
+        "image", "mask", "lora", "step_cache"]
     assert specs["sampler"]["inputs"][0]["required"] is True
     # A picture input takes a picture, or an earlier sampler's images (a stage feeding the next).
-    assert specs["sampler"]["inputs"][-3]["accepts"] == ["image", "images"]
+    assert specs["sampler"]["inputs"][-4]["accepts"] == ["image", "images"]
     assert specs["sampler"]["inputs"][0]["accepts"] == ["prompt"]
     assert specs["sweep"]["outputs"] == [{"name": "values", "type": None, "typed_by": "param"}]
     assert specs["steps"]["fields"][0]["default"] == 28

@@ -122,10 +122,12 @@ def _value_node(name: str, title: str, port_type: str, fields: tuple[Field, ...]
                     read=read or one_value(port_type, fields[0].name))
 
 
-# Every value type (a LoRA's scale goes into a LoRA node), the pictures, then the adapters.
+# Every value type (a LoRA's scale goes into a LoRA node), the pictures, the adapters, then step
+# caching (last, so the earlier inputs keep the places saved editors and tests know them by).
 SAMPLER_INPUTS = tuple(Port(port, port, required=port == PortType.PROMPT) for port in PARAMS_OF_PORT
-                       if port not in (PortType.LORA, PortType.LORA_SCALE)) + (
-    Port(PortType.IMAGE, PortType.IMAGE), Port(PortType.MASK, PortType.MASK), Port(PortType.LORA, PortType.LORA))
+                       if port not in (PortType.LORA, PortType.LORA_SCALE, PortType.STEP_CACHE)) + (
+    Port(PortType.IMAGE, PortType.IMAGE), Port(PortType.MASK, PortType.MASK), Port(PortType.LORA, PortType.LORA),
+    Port(PortType.STEP_CACHE, PortType.STEP_CACHE))
 
 NODE_TYPES: dict[str, NodeType] = {
     node_type.name: node_type
