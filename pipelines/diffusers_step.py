@@ -32,7 +32,6 @@ with a text-to-image denoiser: FluxInpaintPipeline, StableDiffusionInpaintPipeli
 from __future__ import annotations
 
 import abc
-import contextlib
 import copy
 import functools
 import inspect
@@ -56,7 +55,7 @@ from pipelines.lora_adapters import read_adapter
 from pipelines.lora_rows import RowLoras
 from pipelines.params import GenerationParams, start_step
 from pipelines.prompt_cache import AdaptedText, BatchedPromptEncoder, PromptEmbeddingCache, PromptKey
-from pipelines.step_cache import BlockStack, CachedRequest, RowStepCache, StepCacheState
+from pipelines.step_cache import BlockStack, RowStepCache, StepCacheState, step_caching
 from pipelines.studio_config import StudioConfig, read_studio_config
 from pipelines.validation import check_image_params, check_scheduler_name
 
@@ -382,18 +381,9 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
         layout = CfgLayout.of(states)
         # Each row with its request's adapters (both rows of a CFG request), on shared base weights.
         with self.loras.rows([row.state.params.loras for row in layout.rows], self.device, denoiser.dtype):
-            with self._step_caching(denoiser, layout):
+            with step_caching(self.step_cache, denoiser, layout, self.loras.only_rows):
                 prediction = self._forward(denoiser, layout.rows)
         return layout.combine(prediction, self._guide)
-
-    def _step_caching(self, denoiser: torch.nn.Module, layout: CfgLayout):
-        """The per-row step cache for this forward, when any of its requests caches (else nothing
-        changes: the forward is exactly the uncached one)."""
-        if self.step_cache is None or not any(state.extra.step_cache is not None for state in layout.states):
-            return contextlib.nullcontext()
-        requests = [CachedRequest(state, tuple(index for index, row in enumerate(layout.rows) if row.state is state),
-                                  state.extra.step_cache) for state in layout.states]
-        return self.step_cache.applied(denoiser, requests, self.loras.only_rows)
 
     @abc.abstractmethod
     def _forward(self, denoiser: torch.nn.Module, rows: Sequence[Row]) -> torch.Tensor:

@@ -43,6 +43,7 @@ from typing import Callable, ContextManager, Iterator, Sequence
 import torch
 from torch import nn
 
+from pipelines.cfg import CfgLayout
 from pipelines.interface import RequestState
 
 RULES = ("first-block", "teacache")
@@ -88,6 +89,17 @@ class CachedRequest:
     @property
     def threshold(self) -> float:
         return float(self.state.params.step_cache or 0.0)
+
+
+def step_caching(cache: "RowStepCache | None", denoiser: nn.Module, layout: CfgLayout, row_scope: RowScope):
+    """The per-row step cache for one forward over `layout` (each request's rows: both of a CFG
+    request), when any of its requests caches (`state.extra.step_cache`); else nothing changes and
+    the forward is exactly the uncached one."""
+    if cache is None or not any(state.extra.step_cache is not None for state in layout.states):
+        return contextlib.nullcontext()
+    requests = [CachedRequest(state, tuple(index for index, row in enumerate(layout.rows) if row.state is state),
+                              state.extra.step_cache) for state in layout.states]
+    return cache.applied(denoiser, requests, row_scope)
 
 
 def relative_l1(now: torch.Tensor, before: torch.Tensor) -> float:
