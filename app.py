@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--prompt-cache", type=int, default=defaults.prompt_cache, metavar="N",
                        help="prompt embeddings kept for reuse, e.g. the default negative prompt and re-rolled "
                             "prompts (0 = off; a FLUX.1 T5 embedding is about 4 MB)")
+    model.add_argument("--step-cache", type=float, default=None, metavar="THRESHOLD",
+                       help="step caching for requests that do not say: a step whose model output barely changes "
+                            "reuses the last one for most of the model (0 = off; higher skips more steps, e.g. 0.1; "
+                            "FLUX and Wan models). Default: each model's own (docs/engine.md#step-caching)")
     engine = parser.add_argument_group("engine")
     engine.add_argument("--mode", default=defaults.mode, choices=MODES,
                         help="'step': requests join a running batch at the next denoise step; "
@@ -178,6 +182,7 @@ def config_from_args(args: argparse.Namespace) -> StudioOptions:
         max_size=args.max_size, max_per_session=args.max_per_session, max_branches=args.max_branches,
         show_prompts=args.show_prompts, max_session_cost=args.max_session_cost,
         outputs=None if args.no_save else args.outputs, resume_max_age_s=args.resume_max_age, device=args.device, dtype=args.dtype, compile=args.compile, prompt_cache=args.prompt_cache,
+        step_cache=args.step_cache,
         loras=tuple(LoraOption.parse(text) for text in args.lora or []), lora_folder=args.loras,
         api_keys=tuple([parse_api_key(text) for text in args.api_key or []]
                        + (read_api_keys_file(args.api_keys_file) if args.api_keys_file else [])),
@@ -187,12 +192,12 @@ def config_from_args(args: argparse.Namespace) -> StudioOptions:
 
 
 def load_options(config: StudioOptions):
-    """How the configured models load: device, dtype, compile, prompt cache, LoRA adapters."""
+    """How the configured models load: device, dtype, compile, prompt cache, LoRA adapters, step caching."""
     from pipelines.loader import BUILTIN_LORA_DIR, LoadOptions
 
     return LoadOptions(device=config.device, dtype=config.dtype, compile_denoiser=config.compile,
                        prompt_cache_size=config.prompt_cache, loras=config.loras,
-                       lora_folders=(str(BUILTIN_LORA_DIR), config.lora_folder))
+                       lora_folders=(str(BUILTIN_LORA_DIR), config.lora_folder), step_cache=config.step_cache)
 
 
 def _check_builtin(model: str) -> None:

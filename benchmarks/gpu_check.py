@@ -15,7 +15,10 @@ whatever would not fit is skipped and listed, with the reason):
 3. serving  the same transformer served by the engine: step mode vs request mode vs the stock
             FluxPipeline one request at a time at 1024x1024, admission and cancel latency in
             step-times, and the batching curve at 512x512 (benchmarks/gpu_serving.py)
-4. compile  the batching curve again with the studio's `--compile`, in a child process that is
+4. caching  per-row step caching on the same transformer at 1024x1024: rows skipped, images/s
+            against caching off, and that a threshold skipping nothing is exactly caching off
+            (benchmarks/gpu_caching.py)
+5. compile  the batching curve again with the studio's `--compile`, in a child process that is
             stopped at the section's time limit (benchmarks/gpu_compile.py)
 
 Writes `gpu_check.json` (every measurement) and `gpu_check.md` (the tables; a dry run writes
@@ -139,6 +142,13 @@ def run_serving(settings: CheckSettings, section: Section, model: RealSizeModel,
     return {"modes": modes, "curve": curve}
 
 
+def run_caching(settings: CheckSettings, section: Section, model: RealSizeModel, workdir: Path) -> dict:
+    from benchmarks.gpu_caching import measure_caching
+
+    pipeline, _ = model.get()
+    return measure_caching(pipeline, settings, section)
+
+
 def run_compile(settings: CheckSettings, section: Section, model: RealSizeModel, workdir: Path) -> dict:
     from benchmarks.gpu_compile import compiled_curve
 
@@ -146,7 +156,8 @@ def run_compile(settings: CheckSettings, section: Section, model: RealSizeModel,
     return compiled_curve(settings, section, workdir)
 
 
-RUNNERS = {"parity": run_parity, "memory": run_memory, "serving": run_serving, "compile": run_compile}
+RUNNERS = {"parity": run_parity, "memory": run_memory, "serving": run_serving, "caching": run_caching,
+           "compile": run_compile}
 
 
 # ---------------------------------------------------------------------------- the whole check

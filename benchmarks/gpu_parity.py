@@ -117,7 +117,7 @@ def load_stock(class_name: str, folder: Path, device: torch.device, dtype: torch
 # ---------------------------------------------------------------------------- our side
 class RecordingPipeline:
     """Our step pipeline as the engine sees it, plus what the comparison needs: every request's
-    final latents (read in `post_decode`, before the decode) and the attention kernels of the
+    final latents (read in `post_decode` and `post_decode_many`, before the decode) and the attention kernels of the
     first forward (profiled on the engine thread, which runs it)."""
 
     def __init__(self, pipeline) -> None:
@@ -137,6 +137,12 @@ class RecordingPipeline:
     def post_decode(self, state):
         self.final_latents[state.request_id] = state.latents.detach().to("cpu", torch.float64)
         return self._pipeline.post_decode(state)
+
+    def post_decode_many(self, states):
+        """Requests that finish in the same step decode together (engine/runner.py): recorded too."""
+        for state in states:
+            self.final_latents[state.request_id] = state.latents.detach().to("cpu", torch.float64)
+        return self._pipeline.post_decode_many(states)
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,22 @@ def curve_table(size: int, eager: dict | None, compiled: dict | None) -> list[st
     return lines
 
 
+def caching_table(section: dict) -> list[str]:
+    lines = ["", f"### Step caching at {section['size']}x{section['size']}: {section['requests']} requests x "
+                 f"{section['steps']} steps side by side", "",
+             "| threshold | images/s | x caching off | rows skipped | skipped steps per request | max abs diff from off |",
+             "|---|---|---|---|---|---|"]
+    for row in section["rows"]:
+        speedup = "1.00" if row["speedup"] is None else f"{row['speedup']:.2f}"
+        lines.append(f"| {row['threshold']:g} | {row['images_per_s']:.3f} | {speedup} | {row['rows_skipped']:.0%} "
+                     f"| {', '.join(map(str, row['skipped_steps']))} | {row['max_abs_diff_from_off']:.2g} |")
+    exact = section["nothing_skipped_is_exact"]
+    if exact is not None:
+        lines += ["", f"Threshold {section['nothing_skipped_threshold']:g} (every row computes through the cache's block loop) gives "
+                      f"caching off's latents {'exactly' if exact else 'NOT exactly'}."]
+    return lines
+
+
 def skipped_list(report: dict) -> list[str]:
     lines = []
     for name, section in report["sections"].items():
@@ -132,5 +148,7 @@ def markdown(report: dict) -> str:
         lines += modes_table(serving["modes"])
     if serving or (compiled and compiled["rows"]):
         lines += curve_table(report["settings"]["curve_size"], serving and serving["curve"], compiled)
+    if sections.get("caching", {}).get("status") == "ran":
+        lines += caching_table(sections["caching"])
     lines += skipped_list(report)
     return "\n".join(lines) + "\n"

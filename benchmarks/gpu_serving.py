@@ -224,11 +224,13 @@ def solo_step_seconds(pipeline: StandInFluxPipeline, size: int, steps: int = 3) 
 
 
 # ---------------------------------------------------------------------------- the batching curve
-def run_batch(pipeline, size: int, batch: int, steps: int) -> dict:
-    """`batch` requests queued before the engine starts: every forward has `batch` rows."""
+def run_batch(pipeline, size: int, batch: int, steps: int, step_cache: float | None = None) -> dict:
+    """`batch` requests queued before the engine starts: every forward has `batch` rows. With
+    `step_cache`, every request's threshold (benchmarks/gpu_caching.py)."""
     engine = Engine(pipeline, mode="step", max_batch_requests=batch, limits=LIMITS)
     handles = [engine.submit(GenerationParams(prompt=f"request {i}", width=size, height=size, num_inference_steps=steps,
-                                              guidance_scale=GUIDANCE, seed=i), session_id=f"client{i}")
+                                              guidance_scale=GUIDANCE, seed=i, step_cache=step_cache),
+                             session_id=f"client{i}")
                for i in range(batch)]
     started = time.perf_counter()
     engine.start()
@@ -240,7 +242,10 @@ def run_batch(pipeline, size: int, batch: int, steps: int) -> dict:
     failed = [final for final in finals if not isinstance(final, Completed)]
     if failed:
         raise RuntimeError(f"{len(failed)} of {batch} requests did not complete: {failed[0]!r}")
-    return {"seconds": seconds, "forwards": dict(engine.snapshot().stats.forwards_by_batch_size)}
+    stats = engine.snapshot().stats
+    return {"seconds": seconds, "forwards": dict(stats.forwards_by_batch_size), "finals": finals,
+            "rows_computed": stats.rows_computed, "rows_skipped": stats.rows_skipped,
+            "request_ids": [handle.request_id for handle in handles]}
 
 
 def batching_curve(pipeline, size: int, batches: tuple[int, ...], steps: int, section: Section,

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 from benchmarks.gpu_stand_in import FLUX_DEV, TINY, StandInConfig
 
-SECTIONS = ("parity", "memory", "serving", "compile")
+SECTIONS = ("parity", "memory", "serving", "caching", "compile")
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,12 @@ class CheckSettings:
     curve_size: int  # the batching curve
     curve_batches: tuple[int, ...]
     curve_steps: int
+    # Step caching (benchmarks/gpu_caching.py): requests side by side at this size, caching off
+    # then each threshold.
+    caching_size: int
+    caching_requests: int
+    caching_steps: int
+    caching_thresholds: tuple[float, ...]
     # torch.compile backend of the compile section: "inductor" is what the studio's --compile
     # uses (pipelines.loader.compile_denoiser); "eager" only traces (proves the plumbing fast);
     # None: the section is recorded as skipped.
@@ -52,10 +58,14 @@ GPU = CheckSettings(
     curve_size=512,
     curve_batches=(1, 2, 4, 8, 12, 16),
     curve_steps=8,
+    caching_size=1024,
+    caching_requests=4,
+    caching_steps=12,
+    caching_thresholds=(0.1, 0.3),
     compile_backend="inductor",
     budget_s=450.0,  # 8 minutes less a margin for estimates that run over
     # Startup (imports, CUDA) comes out of the first section's share.
-    plan_s={"parity": 70.0, "memory": 50.0, "serving": 150.0, "compile": 170.0},
+    plan_s={"parity": 70.0, "memory": 50.0, "serving": 150.0, "caching": 60.0, "compile": 110.0},
 )
 
 DRY_RUN = CheckSettings(
@@ -71,12 +81,16 @@ DRY_RUN = CheckSettings(
     curve_size=64,
     curve_batches=(1, 2),
     curve_steps=3,
+    caching_size=64,
+    caching_requests=2,
+    caching_steps=4,
+    caching_thresholds=(1.0,),
     # Inductor needs minutes on this CPU even for the 2-block model (measured: about 4 min).
     compile_backend=None,
     # A cap, not a target: it runs in 30 to 45 s here, but imports alone took 20 s on this
     # shared machine under load, and a 60 s cap then skipped the Wan families.
     budget_s=90.0,
-    plan_s={"parity": 35.0, "memory": 5.0, "serving": 15.0, "compile": 5.0},
+    plan_s={"parity": 35.0, "memory": 5.0, "serving": 15.0, "caching": 5.0, "compile": 5.0},
     # Tiny tensors: one thread beats a thread pool on a shared, busy CPU (measured 7x faster here).
     torch_threads=1,
 )

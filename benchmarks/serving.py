@@ -8,7 +8,11 @@
 Systems: `diffusers` (FluxPipeline.__call__ one request at a time), `request` (stepstudio
 request mode, max batch 8), `stepN` (stepstudio step mode with max batch N), `httpN` (step
 mode with max batch N behind the OpenAI-compatible HTTP API: the serving layer's cost;
-no cancels are sent there, since an HTTP client can't see steps). Each system
+no cancels are sent there, since an HTTP client can't see steps). Step caching is off in every
+stepstudio system (`step_cache=0`) unless its name ends in `-cache` (`step8-cache`,
+`request-cache`): those send `--step-cache THRESHOLD` (default: the model's own). A name
+ending in `-onedecode` decodes every finished request on its own instead of sharing one VAE
+call with the requests that finish in the same step (`step8-onedecode`). Each system
 runs in its own subprocess (so peak memory is its own) on the same seeded workload.
 A `ceiling` run, before and after the systems, times the bare batched denoiser forward to
 show how much batching can give.
@@ -28,7 +32,6 @@ import json
 import os
 import platform
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,25 +43,45 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.serving_summary import (  # noqa: E402, F401 (_fmt, _pct and summarize: for the other benchmarks)
+    _fmt,
+    _pct,
+    average_timings,
+    median_round,
+    report,
+    summarize,
+    targets,
+    timeline,
+)
 from benchmarks.workload import Workload, make_workload  # noqa: E402
 
 DEFAULT_SYSTEMS = ("diffusers", "request", "step1", "step4", "step8")
 
 
 # ---------------------------------------------------------------------------- one system (child)
-def _make_system(name: str, model: str, preview_every: int, guidance: float | None):
+SYSTEM_OPTIONS = ("cache", "onedecode")  # name suffixes of the stepstudio systems
+
+
+def _make_system(name: str, model: str, preview_every: int, guidance: float | None, step_cache: float | None = None):
     from benchmarks.systems import DiffusersSystem, EngineSystem, HttpSystem
 
-    if name.startswith("http") and name[4:].isdigit():
-        return HttpSystem(model, max_batch=int(name[4:]), preview_every=preview_every, guidance_scale=guidance)
+    base, *options = name.split("-")
     if name == "diffusers":
         return DiffusersSystem(model, preview_every, guidance_scale=guidance)
-    if name == "request":
-        return EngineSystem(model, mode="request", max_batch=8, preview_every=preview_every, guidance_scale=guidance)
-    if name.startswith("step") and name[4:].isdigit():
-        return EngineSystem(model, mode="step", max_batch=int(name[4:]), preview_every=preview_every,
-                            guidance_scale=guidance)
-    raise ValueError(f"unknown system {name!r}: use diffusers, request, stepN or httpN (e.g. step8).")
+    if set(options) - set(SYSTEM_OPTIONS) or (options and base.startswith("http")):
+        raise ValueError(f"unknown system {name!r}: the stepstudio systems' options are -cache and -onedecode.")
+    engine_options = {"step_cache": step_cache if "cache" in options else 0.0,
+                      "batched_decodes": "onedecode" not in options}
+    if base.startswith("http") and base[4:].isdigit():
+        return HttpSystem(model, max_batch=int(base[4:]), preview_every=preview_every, guidance_scale=guidance)
+    if base == "request":
+        return EngineSystem(model, mode="request", max_batch=8, preview_every=preview_every, guidance_scale=guidance,
+                            **engine_options)
+    if base.startswith("step") and base[4:].isdigit():
+        return EngineSystem(model, mode="step", max_batch=int(base[4:]), preview_every=preview_every,
+                            guidance_scale=guidance, **engine_options)
+    raise ValueError(f"unknown system {name!r}: use diffusers, request, stepN or httpN (e.g. step8), "
+                     "stepstudio ones with -cache or -onedecode (e.g. step8-cache).")
 
 
 def _drive(system, workload: Workload) -> list:
@@ -101,6 +124,14 @@ _ENGINE_HISTOGRAMS = {
 }
 
 
+def _engine_rows(system) -> tuple[int, int]:
+    """(rows computed, rows skipped) by the engine so far; (0, 0) for systems without one."""
+    if not hasattr(system, "engine"):
+        return 0, 0
+    stats = system.engine.snapshot().stats
+    return stats.rows_computed, stats.rows_skipped
+
+
 def _engine_histogram_totals(system) -> dict[str, tuple[float, float]]:
     """(sum, count) of each engine histogram; empty for systems without an engine."""
     if not hasattr(system, "engine"):
@@ -110,10 +141,10 @@ def _engine_histogram_totals(system) -> dict[str, tuple[float, float]]:
             for key, metric in _ENGINE_HISTOGRAMS.items()}
 
 
-def run_system(name: str, model: str, workload: Workload, preview_every: int) -> dict:
+def run_system(name: str, model: str, workload: Workload, preview_every: int, step_cache: float | None = None) -> dict:
     import torch
 
-    system = _make_system(name, model, preview_every, workload.guidance_scale)
+    system = _make_system(name, model, preview_every, workload.guidance_scale, step_cache)
     # Warm-up: one request alone, outside the measurement; it also calibrates the step time.
     warm = workload.items[0]
     from dataclasses import replace
@@ -129,10 +160,11 @@ def run_system(name: str, model: str, workload: Workload, preview_every: int) ->
     else:
         solo_step_s = (warm_record.finished - warm_record.admitted) / warm.steps
 
-    before = _engine_histogram_totals(system)
-    started = time.perf_counter()
+    before, rows_before = _engine_histogram_totals(system), _engine_rows(system)
+    started, cpu_started = time.perf_counter(), time.process_time()
     records = _drive(system, workload)
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    rows_computed, rows_skipped = (after - earlier for after, earlier in zip(_engine_rows(system), rows_before))
     engine_means = {}
     for key, (total, count) in _engine_histogram_totals(system).items():
         total_before, count_before = before[key]
@@ -144,187 +176,17 @@ def run_system(name: str, model: str, workload: Workload, preview_every: int) ->
     return {
         "system": name,
         "wall_s": wall,
+        "cpu_s": cpu,  # this process's CPU time over the run: its work, less moved by other load
         "solo_step_s": solo_step_s,
         **engine_means,  # serving_step_s: the unit of admission and cancel latency
         "solo_latency_s": warm_record.finished - warm_record.submitted,
         "forwards_by_batch_size": sizes,
+        "rows_computed": rows_computed,
+        "rows_skipped": rows_skipped,
         "peak_rss_mb": peak_rss_mb,
         "peak_gpu_mb": gpu_mb,
         "records": [asdict(r) for r in sorted(records, key=lambda r: r.index)],
     }
-
-
-# ---------------------------------------------------------------------------- summary (parent)
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    low, high = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
-
-
-def summarize(result: dict) -> dict:
-    records = result["records"]
-    done = [r for r in records if r["status"] == "completed"]
-    latency = [r["finished"] - r["submitted"] for r in done]
-    queue_delay = [r["admitted"] - r["submitted"] for r in records if r["admitted"] is not None]
-    preview = [r["first_preview"] - r["submitted"] for r in records if r["first_preview"] is not None]
-    # Per request: from its first denoise step beginning to its first preview arriving.
-    preview_after_admission = [r["first_preview"] - r["admitted"] for r in records
-                               if r["first_preview"] is not None and r["admitted"] is not None]
-    joined = [r["admitted_batch"] for r in records if r.get("admitted_batch") is not None]
-    cancel = [r["finished"] - r["cancel_requested"] for r in records if r["cancel_requested"] is not None]
-    sizes = {int(b): n for b, n in result["forwards_by_batch_size"].items()}
-    forwards = sum(sizes.values())
-    return {
-        "system": result["system"],
-        "completed": len(done),
-        "aborted": sum(r["status"] == "aborted" for r in records),
-        "failed": sum(r["status"] == "failed" for r in records),
-        "wall_s": result["wall_s"],
-        "throughput_rpm": 60 * len(done) / result["wall_s"],
-        "latency_mean_s": statistics.fmean(latency) if latency else None,
-        "latency_p50_s": _pct(latency, 0.5),
-        "latency_p99_s": _pct(latency, 0.99),
-        "queue_delay_mean_s": statistics.fmean(queue_delay) if queue_delay else None,
-        "admission_p50_s": _pct(queue_delay, 0.5),
-        "admission_p99_s": _pct(queue_delay, 0.99),
-        "first_preview_p50_s": _pct(preview, 0.5),
-        "first_preview_after_admission_p50_s": _pct(preview_after_admission, 0.5),
-        "joined_batch_mean": statistics.fmean(joined) if joined else None,
-        "cancel_latency_mean_s": statistics.fmean(cancel) if cancel else None,
-        "cancel_latency_max_s": max(cancel) if cancel else None,
-        "mean_batch": sum(b * n for b, n in sizes.items()) / forwards if forwards else None,
-        "peak_batch": max(sizes) if sizes else None,
-        "solo_step_s": result["solo_step_s"],
-        "serving_step_s": result.get("serving_step_s"),
-        "engine_cancel_s": result.get("engine_cancel_s"),
-        "engine_first_preview_s": result.get("engine_first_preview_s"),
-        "solo_latency_s": result["solo_latency_s"],
-        "peak_rss_mb": result["peak_rss_mb"],
-        "peak_gpu_mb": result["peak_gpu_mb"],
-    }
-
-
-def timeline(result: dict, width: int = 60) -> str:
-    records = result["records"]
-    t0 = min(r["submitted"] for r in records)
-    t1 = max(r["finished"] for r in records)
-    scale = width / max(t1 - t0, 1e-9)
-    lines = [f"{result['system']}: '.' waiting, '#' computing, 'x' cancelled ({t1 - t0:.2f} s across)"]
-    for r in records:
-        a = int((r["submitted"] - t0) * scale)
-        b = int(((r["admitted"] or r["finished"]) - t0) * scale)
-        c = max(b + 1, int((r["finished"] - t0) * scale))
-        mark = "x" if r["status"] == "aborted" else "#"
-        lines.append(f"  req {r['index']:>3} {r['steps']:>3} steps |{' ' * a}{'.' * (b - a)}{mark * (c - b)}")
-    return "\n".join(lines)
-
-
-def _fmt(value, digits=3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def median_round(rounds: list[dict]) -> tuple[dict, dict]:
-    """A system's round with the median throughput (the lower middle one for an even count;
-    every metric then comes from one real run) and its summary, which also lists the
-    throughput of every round."""
-    summaries = [summarize(r) for r in rounds]
-    order = sorted(range(len(rounds)), key=lambda i: summaries[i]["throughput_rpm"])
-    chosen = order[(len(order) - 1) // 2]
-    summary = summaries[chosen]
-    summary["throughput_rounds_rpm"] = [s["throughput_rpm"] for s in summaries]
-    return rounds[chosen], summary
-
-
-def average_timings(timings: list[dict]) -> dict:
-    """The mean of several `measure_denoiser` results; each one is kept under "timings"."""
-    batch_sizes = [int(b) for b in timings[0]["per_image_step_s"]]
-    return {
-        "per_image_step_s": {
-            b: statistics.fmean(t["per_image_step_s"][str(b)] for t in timings) for b in batch_sizes
-        },
-        "encode_s": statistics.fmean(t["encode_s"] for t in timings),
-        "decode_s": statistics.fmean(t["decode_s"] for t in timings),
-        "timings": timings,
-    }
-
-
-def report(summaries: list[dict], ceiling: dict | None, workload: Workload) -> str:
-    base = next((s for s in summaries if s["system"] == "diffusers"), None)
-    rows = [
-        "| system | done | aborted | wall s | req/min | x diffusers | lat mean s | p50 | p99 | queue mean s "
-        "| admission p50 s | first preview p50 s | cancel mean s | cancel max s | mean batch | peak batch | peak RSS MB |",
-        "|" + "---|" * 17,
-    ]
-    for s in summaries:
-        ratio = s["throughput_rpm"] / base["throughput_rpm"] if base and base["throughput_rpm"] else None
-        rows.append(
-            f"| {s['system']} | {s['completed']} | {s['aborted']} | {_fmt(s['wall_s'], 2)} | {_fmt(s['throughput_rpm'], 1)} "
-            f"| {_fmt(ratio, 2)} | {_fmt(s['latency_mean_s'])} | {_fmt(s['latency_p50_s'])} | {_fmt(s['latency_p99_s'])} "
-            f"| {_fmt(s['queue_delay_mean_s'])} | {_fmt(s['admission_p50_s'])} | {_fmt(s['first_preview_p50_s'])} "
-            f"| {_fmt(s['cancel_latency_mean_s'])} | {_fmt(s['cancel_latency_max_s'])} | {_fmt(s['mean_batch'], 2)} "
-            f"| {s['peak_batch'] or '-'} | {_fmt(s['peak_rss_mb'], 0)} |"
-        )
-    lines = ["\n".join(rows)]
-    if any(len(s.get("throughput_rounds_rpm", ())) > 1 for s in summaries):
-        lines.append("\nThroughput of every round, req/min (the table shows each system's median round): "
-                     + "; ".join(f"{s['system']} " + ", ".join(f"{t:.0f}" for t in s["throughput_rounds_rpm"])
-                                 for s in summaries) + ".")
-    if ceiling:
-        per = ceiling["per_image_step_s"]
-        lines.append(
-            "\nBare denoiser forward, per image-step: "
-            + ", ".join(f"batch {b}: {1000 * t:.2f} ms" for b, t in sorted(per.items(), key=lambda kv: int(kv[0])))
-            + f"; encode {1000 * ceiling['encode_s']:.1f} ms, decode {1000 * ceiling['decode_s']:.1f} ms per request."
-        )
-        if len(ceiling.get("timings", ())) > 1:
-            largest = str(max(int(b) for b in per))
-            each = " and ".join(f"{1000 * t['per_image_step_s'][largest]:.2f}" for t in ceiling["timings"])
-            lines.append(f"(The mean of two timings, before and after the systems: {each} ms per image-step "
-                         f"at batch {largest}.)")
-        if "ceiling_rpm" in ceiling:
-            lines.append(f"Ceiling throughput at full batches of {ceiling['ceiling_batch']}: {ceiling['ceiling_rpm']:.1f} req/min.")
-    return "\n".join(lines)
-
-
-def targets(summaries: list[dict], ceiling: dict | None) -> list[str]:
-    by = {s["system"]: s for s in summaries}
-    out = []
-    if "diffusers" in by:
-        d = by["diffusers"]
-        for name in ("step1", "step8", "request"):
-            if name in by:
-                out.append(
-                    f"single request latency {name} / diffusers: {by[name]['solo_latency_s'] / d['solo_latency_s']:.3f} (target <= 1.03)"
-                )
-                break
-        if "step8" in by:
-            out.append(f"step8 throughput / diffusers: {by['step8']['throughput_rpm'] / d['throughput_rpm']:.2f}x (target >= 2x)")
-    if "step8" in by and "request" in by:
-        out.append(f"step8 throughput / request mode: {by['step8']['throughput_rpm'] / by['request']['throughput_rpm']:.2f}x (target >= 1)")
-    if "step8" in by and ceiling and "ceiling_rpm" in ceiling:
-        out.append(f"step8 throughput / ceiling: {by['step8']['throughput_rpm'] / ceiling['ceiling_rpm']:.2f} (target >= 0.90)")
-    for name in ("step8", "step4"):
-        if name in by and by[name]["serving_step_s"]:
-            s = by[name]
-            step = s["serving_step_s"]  # the engine's mean step while this workload ran
-            out.append(f"{name} mean engine step while serving: {1000 * step:.1f} ms (the unit below)")
-            if s["admission_p50_s"] is not None:
-                out.append(f"{name} admission p50: {s['admission_p50_s'] / step:.2f} step-times (target <= 1.5)")
-            if s["engine_cancel_s"] is not None:
-                out.append(f"{name} cancel latency (cancel call -> slot freed, engine-side) mean: "
-                           f"{s['engine_cancel_s'] / step:.2f} step-times (target <= 1); until the client "
-                           f"hears 'aborted': {s['cancel_latency_mean_s'] / step:.2f}")
-            if s["first_preview_after_admission_p50_s"] is not None and ceiling:
-                after = s["first_preview_after_admission_p50_s"]
-                budget = ceiling["encode_s"] + step
-                out.append(f"{name} first preview, admission -> preview p50 per request: {1000 * after:.0f} ms "
-                           f"(target: encode + 1 step = {1000 * budget:.0f} ms); requests join forwards of "
-                           f"{s['joined_batch_mean']:.1f} rows on average, the mean forward has {s['mean_batch']:.1f}")
-            break
-    return out
 
 
 def child_argv(system: str, args, workload_file: Path, out_file: Path) -> list[str]:
@@ -332,7 +194,8 @@ def child_argv(system: str, args, workload_file: Path, out_file: Path) -> list[s
     result to `out_file`."""
     argv = ["--run-system", system, "--model", args.model, "--workload-file", str(workload_file),
             "--preview-every", str(args.preview_every), "--out", str(out_file)]
-    return argv + (["--threads", str(args.threads)] if args.threads else [])
+    argv += ["--threads", str(args.threads)] if args.threads else []
+    return argv + (["--step-cache", str(args.step_cache)] if args.step_cache is not None else [])
 
 
 def _child(system: str, args, workload_file: Path, out_file: Path) -> dict:
@@ -366,6 +229,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="run every system this many times, in rotating order, and report each one's "
                              "median-throughput round (this machine's speed drifts between runs)")
     parser.add_argument("--no-ceiling", action="store_true", help="skip timing the bare batched denoiser")
+    parser.add_argument("--step-cache", type=float, default=None, metavar="THRESHOLD",
+                        help="the step-caching threshold of the -cache systems (default: the model's own)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "serving.json"))
     # internal: run one system in this process
     parser.add_argument("--run-system", help=argparse.SUPPRESS)
@@ -386,7 +251,7 @@ def main(argv: list[str] | None = None) -> dict:
             result = measure_denoiser(args.model, size=workload.items[0].size, batch_sizes=(1, 8),
                                       guidance_scale=workload.guidance_scale, frames=workload.items[0].frames)
         else:
-            result = run_system(args.run_system, args.model, workload, args.preview_every)
+            result = run_system(args.run_system, args.model, workload, args.preview_every, args.step_cache)
         Path(args.out).write_text(json.dumps(result))
         return result
 
@@ -437,6 +302,11 @@ def main(argv: list[str] | None = None) -> dict:
                        + completed * ceiling["decode_s"])
             ceiling["ceiling_batch"] = batch
             ceiling["ceiling_rpm"] = 60 * completed / seconds
+            cpu = ceiling.get("per_image_step_cpu_s")
+            if cpu:  # the same sum in CPU time
+                cpu_seconds = (total_steps * cpu[batch] + len(workload.items) * ceiling["encode_cpu_s"]
+                               + completed * ceiling["decode_cpu_s"])
+                ceiling["ceiling_cpu_rpm"] = 60 * completed / cpu_seconds
 
     machine = f"{platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}"
     print(f"\n## Serving benchmark ({args.workload} loop, {args.requests} requests, "
@@ -444,6 +314,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"{'users' if args.workload == 'closed' else 'arrivals'}, steps {args.steps_mix}, sizes {args.sizes}, "
           f"{f'frames {args.frames_mix}, ' if args.kind == 'video' else ''}"
           f"cancel {args.cancel_fraction:.0%}, guidance {args.guidance_scale or 'model default'}, "
+          f"{f'step cache {args.step_cache:g} (-cache systems), ' if args.step_cache is not None else ''}"
           f"seed {args.seed}; {machine})\n")
     print(report(summaries, ceiling, workload))
     print("\nTargets:")

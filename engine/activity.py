@@ -18,10 +18,14 @@ class EngineActivity:
     recent_steps: deque = field(default_factory=lambda: deque(maxlen=256))  # (time, rows)
     stage_means: dict = field(default_factory=lambda: dict.fromkeys(STAGES))  # the whole engine's
     stage_means_by_model: dict = field(default_factory=dict)  # model -> its own stage means (models differ)
+    rows_computed: int = 0  # model rows that ran every block
+    rows_skipped: int = 0  # model rows that reused their request's cached residual (step caching)
 
-    def record_forward(self, rows: int, now: float) -> None:
+    def record_forward(self, rows: int, now: float, model_rows: int = 0, skipped_rows: int = 0) -> None:
         self.forwards_by_batch_size[rows] += 1
         self.recent_steps.append((now, rows))
+        self.rows_computed += model_rows - skipped_rows
+        self.rows_skipped += skipped_rows
 
     def record_stage(self, name: str, samples: list[float], model: str | None = None) -> None:
         """Fold samples of one stage into the engine's means and, when given, `model`'s own."""

@@ -39,7 +39,7 @@ from engine.snapshot import EngineSnapshot, build_snapshot
 from pipelines.interface import PipelineInfo, StepPipeline, resolve_defaults
 from pipelines.lora_request import check_loaded_loras
 from pipelines.params import GenerationParams
-from pipelines.validation import check_image_inputs, check_supported_size
+from pipelines.validation import check_image_inputs, check_step_cache, check_supported_size
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,7 @@ class Engine(QueueControl):
         mode: Mode = "step",
         max_batch_requests: int = 8,
         limits: ServingLimits | None = None,
+        batched_decodes: bool = True,
     ) -> None:
         self.models = ModelSet(pipeline)
         self.pipeline = self.models[None]  # the default model's pipeline
@@ -93,7 +94,8 @@ class Engine(QueueControl):
         self.metrics = EngineMetrics()
         self._pauses = Pauses()  # paused queues (engine.queue_control): callers write, the scheduler reads
         self._scheduler = Scheduler(mode=mode, max_batch_requests=max_batch_requests, pauses=self._pauses)
-        self._runner = ModelRunner(self.models.pipelines)
+        # Requests that finish in the same step share a VAE decode (False: one each, for comparison).
+        self._runner = ModelRunner(self.models.pipelines, batched_decodes=batched_decodes)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stopping = False  # a stop command was applied: the loop ends (engine thread only)
@@ -169,6 +171,7 @@ class Engine(QueueControl):
         pipeline.validate(params)
         check_supported_size(params, model, pipeline.info.supported_sizes)
         check_image_inputs(params, model, pipeline.info.image_inputs)
+        check_step_cache(params, model, pipeline.info.step_cache)
         check_loaded_loras(params.loras, model, pipeline.info.loras)
         self._limits[model].check(params)
         return params
@@ -367,7 +370,9 @@ class Engine(QueueControl):
         if output.batch_size:
             self.metrics.batch_size.observe(output.batch_size)
             self.metrics.forward_rows.observe(output.forward_rows)
-            self._activity.record_forward(output.batch_size, time.perf_counter())
+            self.metrics.record_skips(output.forward_rows, output.skipped_rows)
+            self._activity.record_forward(output.batch_size, time.perf_counter(), output.forward_rows,
+                                          output.skipped_rows)
         times = self._runner.last_times
         # One step runs one batch, and a batch never mixes models: every time of it is this model's.
         model = scheduled.batch[0].params.model

@@ -39,6 +39,7 @@ class Progress:
     total: int
     batch_size: int  # rows in the forward that made this step
     preview: "Image.Image | None" = None
+    skipped: int = 0  # steps so far that reused the request's cached residual (step caching)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ class Completed:
     params: "GenerationParams"
     timings: Timings
     is_video: bool = False
+    # The steps (0-based) that reused the request's cached residual instead of running the model's
+    # later blocks (step caching, GenerationParams.step_cache); empty without it.
+    skipped_steps: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

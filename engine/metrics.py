@@ -43,6 +43,20 @@ class EngineMetrics:
             "stepstudio_forward_rows", "Model rows per forward (CFG negative rows included)", buckets=_BATCH_BUCKETS,
             registry=r,
         )
+        self.rows_computed = Counter(
+            "stepstudio_rows_computed", "Model rows that ran every block of the model (CFG negative rows included)",
+            registry=r,
+        )
+        self.rows_skipped = Counter(
+            "stepstudio_rows_skipped",
+            "Model rows that reused their request's cached residual instead of the model's later blocks "
+            "(step caching, GenerationParams.step_cache)",
+            registry=r,
+        )
+        self.forward_rows_skipped = Histogram(
+            "stepstudio_forward_rows_skipped", "Model rows per forward that reused their cached residual (step caching)",
+            buckets=(0,) + _BATCH_BUCKETS, registry=r,
+        )
         self.step_seconds = Histogram(
             "stepstudio_step_seconds", "Wall time of one engine step (forward + updates)", buckets=_LATENCY_BUCKETS, registry=r
         )
@@ -69,6 +83,12 @@ class EngineMetrics:
             self.requests_rejected.labels(reason)
         for stage in ("prepare_encode", "denoise_step", "step_scheduler", "post_decode", "engine"):
             self.errors.labels(stage)
+
+    def record_skips(self, forward_rows: int, skipped_rows: int) -> None:
+        """One forward's rows: those that computed and those that reused their cached residual."""
+        self.rows_computed.inc(forward_rows - skipped_rows)
+        self.rows_skipped.inc(skipped_rows)
+        self.forward_rows_skipped.observe(skipped_rows)
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric of this engine."""

@@ -58,6 +58,8 @@ class Request:
     # Denoise steps the request really takes, once the runner knows them: some noise
     # schedulers take more than num_inference_steps (PNDM: one more).
     scheduled_steps: int | None = None
+    # Steps that reused the request's cached residual instead of the model's later blocks (step caching).
+    skipped_steps: tuple[int, ...] = ()
 
     @property
     def total_steps(self) -> int:

@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
 from engine.scheduler import RowResult, RunnerOutput, SchedulerOutput
-from pipelines.interface import Batch, BatchedImageEncoding, BatchedPromptEncoding, RequestState, StepPipeline
+from pipelines.interface import (
+    Batch,
+    BatchedDecoding,
+    BatchedImageEncoding,
+    BatchedPromptEncoding,
+    RequestState,
+    StepPipeline,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -55,8 +62,9 @@ class ModelRunner:
     """Runs each step on the pipeline of the batch's model (a batch never mixes models: the
     model is part of the batch key)."""
 
-    def __init__(self, pipelines: Mapping[str, StepPipeline]) -> None:
+    def __init__(self, pipelines: Mapping[str, StepPipeline], batched_decodes: bool = True) -> None:
         self.pipelines = dict(pipelines)
+        self.batched_decodes = batched_decodes  # False: one decode per request (benchmarks compare the two)
         self.states: dict[str, RequestState] = {}  # request id -> state; empty when idle
         self.last_times = StageTimes()
         self._denoised: list[RequestState] = []  # finished denoising this step; decoded after the update
@@ -93,6 +101,9 @@ class ModelRunner:
         predictions, forward_errors = self._forward(rows, costs)
         times.forward_s = time.perf_counter() - started
         errors.update(forward_errors)
+        # Rows whose request reused its cached residual in this forward (step caching).
+        skipped_rows = sum(costs[state.request_id].rows for state in rows
+                           if state.request_id in predictions and _skipped_this_step(state))
 
         results = list(errors.values())
         started = time.perf_counter()
@@ -108,40 +119,67 @@ class ModelRunner:
             rows=tuple(results),
             batch_size=len(predictions),
             forward_rows=sum(costs[request_id].rows for request_id in predictions),
+            skipped_rows=skipped_rows,
         )
 
     def decode_denoised(self) -> RunnerOutput:
-        """VAE-decode the requests whose last step just ran, and free their states.
+        """VAE-decode the requests whose last step just ran, and free their states. Requests of a
+        pipeline that decodes several at once (`BatchedDecoding`) share its VAE calls.
 
         Separate from `execute` so the step's progress and previews reach every batch-mate
         before the (comparatively slow) decodes run."""
+        finished = [state for state in self._denoised if state.request_id in self.states]  # not cancelled meanwhile
+        self._denoised = []
+        by_pipeline: dict[int, list[RequestState]] = {}
+        for state in finished:
+            by_pipeline.setdefault(id(self.pipeline_of(state.params)), []).append(state)
         results = []
-        for state in self._denoised:
-            if state.request_id not in self.states:  # cancelled after its last step: no image wanted
-                continue
+        for states in by_pipeline.values():
+            pipeline = self.pipeline_of(states[0].params)
+            for state, images, seconds in self._decoded(pipeline, states):
+                results.append(self._decode_result(pipeline, state, images, seconds))
+                self.states.pop(state.request_id, None)
+        return RunnerOutput(rows=tuple(results), batch_size=0)
+
+    def _decoded(self, pipeline: StepPipeline, states: list[RequestState]):
+        """(state, its media or the exception, its share of the decode time) for each state: one
+        batched call when the pipeline offers it, else (or when it fails) one call each."""
+        if self.batched_decodes and len(states) > 1 and isinstance(pipeline, BatchedDecoding):
             started = time.perf_counter()
-            pipeline = self.pipeline_of(state.params)
+            try:
+                media = pipeline.post_decode_many(states)
+                if len(media) != len(states):
+                    raise RuntimeError(f"post_decode_many returned {len(media)} results for {len(states)} requests")
+            except Exception:  # noqa: BLE001 - each request is decoded, and fails, on its own
+                log.warning("batched decode of %d requests failed; decoding them one by one", len(states), exc_info=True)
+            else:
+                share = (time.perf_counter() - started) / len(states)
+                return [(state, images, share) for state, images in zip(states, media)]
+        decoded = []
+        for state in states:
+            started = time.perf_counter()
             try:
                 images = pipeline.post_decode(state)
-                if not isinstance(images, (list, tuple)) or not images:
-                    raise TypeError(f"post_decode returned {images!r}; a pipeline must return a non-empty list of images")
             except Exception as exc:  # noqa: BLE001
                 log.exception("post_decode failed for %s", state.request_id)
-                results.append(_failure(state.request_id, "post_decode", exc))
-            else:
-                self.last_times.decode_s.append(time.perf_counter() - started)
-                results.append(
-                    RowResult(
-                        state.request_id,
-                        steps_done=state.step_index,
-                        total_steps=state.total_steps,
-                        images=tuple(images),
-                        is_video=pipeline.info.output_kind == "video",
-                    )
-                )
-            self.states.pop(state.request_id, None)
-        self._denoised = []
-        return RunnerOutput(rows=tuple(results), batch_size=0)
+                images = exc
+            decoded.append((state, images, time.perf_counter() - started))
+        return decoded
+
+    def _decode_result(self, pipeline: StepPipeline, state: RequestState, images, seconds: float) -> RowResult:
+        if not isinstance(images, Exception) and (not isinstance(images, (list, tuple)) or not images):
+            images = TypeError(f"post_decode returned {images!r}; a pipeline must return a non-empty list of images")
+        if isinstance(images, Exception):
+            return _failure(state.request_id, "post_decode", images)
+        self.last_times.decode_s.append(seconds)
+        return RowResult(
+            state.request_id,
+            steps_done=state.step_index,
+            total_steps=state.total_steps,
+            images=tuple(images),
+            is_video=pipeline.info.output_kind == "video",
+            skipped_steps=tuple(state.skipped_steps),
+        )
 
     # ------------------------------------------------------------------ helpers
     def _encode_prompts_together(self, new) -> float:
@@ -245,9 +283,11 @@ class ModelRunner:
                 error_stage="step_scheduler",
             )
 
+        skipped = tuple(state.skipped_steps)
         if state.is_denoised:
             self._denoised.append(state)  # its image comes next, no preview needed
-            return RowResult(request_id, steps_done=state.step_index, total_steps=state.total_steps)
+            return RowResult(request_id, steps_done=state.step_index, total_steps=state.total_steps,
+                             skipped_steps=skipped)
 
         preview = None
         every = state.params.preview_every
@@ -258,4 +298,10 @@ class ModelRunner:
             except Exception:  # noqa: BLE001 - a preview is a nicety, never fatal
                 log.exception("preview failed for %s; continuing without it", request_id)
             times.preview_s.append(time.perf_counter() - started)
-        return RowResult(request_id, steps_done=state.step_index, total_steps=state.total_steps, preview=preview)
+        return RowResult(request_id, steps_done=state.step_index, total_steps=state.total_steps, preview=preview,
+                         skipped_steps=skipped)
+
+
+def _skipped_this_step(state: RequestState) -> bool:
+    """Whether the forward that just ran reused this request's cached residual (before its step)."""
+    return bool(state.skipped_steps) and state.skipped_steps[-1] == state.step_index

@@ -55,6 +55,7 @@ class RowResult:
     is_video: bool = False
     error: str | None = None
     error_stage: str = "engine"
+    skipped_steps: tuple[int, ...] = ()  # steps so far that reused the request's cached residual (step caching)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class RunnerOutput:
     rows: tuple[RowResult, ...]  # one result per request
     batch_size: int  # requests in the forward that ran (0 if every request failed before it)
     forward_rows: int = 0  # model rows in that forward (a CFG request has 2)
+    skipped_rows: int = 0  # of those, rows that reused their request's cached residual (step caching)
 
 
 @dataclass
@@ -276,6 +278,7 @@ class Scheduler:
                 self._finish(request, RequestStatus.FINISHED_ERROR, Failed(row.error, stage=row.error_stage))
                 continue
             request.steps_done = row.steps_done
+            request.skipped_steps = row.skipped_steps
             if row.total_steps:
                 request.scheduled_steps = row.total_steps
             if not row.images:
@@ -285,6 +288,7 @@ class Scheduler:
                         total=request.total_steps,
                         batch_size=output.batch_size,
                         preview=row.preview,
+                        skipped=len(row.skipped_steps),
                     )
                 )
             else:
@@ -298,6 +302,7 @@ class Scheduler:
                         params=request.params,
                         timings=timings,
                         is_video=row.is_video,
+                        skipped_steps=row.skipped_steps,
                     ),
                 )
         self._publish_positions()

@@ -33,6 +33,7 @@ class RequestView:
     eta_s: float | None
     model: str = ""  # the loaded model that makes it
     paused: str = ""  # while waiting: why it can't start ("session": its queue is paused; "engine": all are)
+    skipped: int = 0  # steps so far that reused its cached residual (step caching)
 
     @property
     def batch_mates(self) -> tuple[str, ...]:
@@ -66,6 +67,9 @@ class EngineStats:
     completed_by_model: dict[str, int] = field(default_factory=dict)  # model -> completed requests
     stages: StageStats = StageStats()  # the whole engine's
     stages_by_model: dict[str, StageStats] = field(default_factory=dict)  # model -> its own stage times
+    # Step caching: model rows that ran every block, and rows that reused their cached residual.
+    rows_computed: int = 0
+    rows_skipped: int = 0
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,7 @@ def build_snapshot(scheduler: "Scheduler", activity: EngineActivity) -> EngineSn
                 started_at=request.started_at,
                 batch=scheduler.current_batch if in_batch else (),
                 eta_s=None if step_s is None else remaining * step_s * groups,
+                skipped=len(request.skipped_steps),
             )
         )
     # Waiting requests: ETA = the work queued ahead of them spread over the batch's slots.
@@ -147,5 +152,7 @@ def build_snapshot(scheduler: "Scheduler", activity: EngineActivity) -> EngineSn
         completed_by_model=dict(activity.completed_by_model),
         stages=StageStats(**activity.stage_means),
         stages_by_model={model: StageStats(**means) for model, means in activity.stage_means_by_model.items()},
+        rows_computed=activity.rows_computed,
+        rows_skipped=activity.rows_skipped,
     )
     return EngineSnapshot(taken_at=now, requests=tuple(views), stats=stats, pauses=pauses)

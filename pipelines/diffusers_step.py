@@ -55,6 +55,7 @@ from pipelines.lora_adapters import read_adapter
 from pipelines.lora_rows import RowLoras
 from pipelines.params import GenerationParams, start_step
 from pipelines.prompt_cache import AdaptedText, BatchedPromptEncoder, PromptEmbeddingCache, PromptKey
+from pipelines.step_cache import BlockStack, RowStepCache, StepCacheState, step_caching
 from pipelines.studio_config import StudioConfig, read_studio_config
 from pipelines.validation import check_image_params, check_scheduler_name
 
@@ -84,6 +85,8 @@ class RequestExtra:
     image_latents: torch.Tensor | None = None
     noise: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    # Step caching (pipelines/step_cache.py): this request's own memory; None when it runs uncached.
+    step_cache: StepCacheState | None = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -110,6 +113,8 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
     output_kind = "image"
     # The GenerationParams image fields this family takes (PipelineInfo.image_inputs).
     image_inputs: tuple[str, ...] = ()
+    # How the family's transformer runs its blocks, for step caching (None: it does not cache steps).
+    block_stack: BlockStack | None = None
 
     def __init__(
         self,
@@ -136,6 +141,7 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
         self.prompt_cache = PromptEmbeddingCache(self._encode_prompt_keys)
         self.image_cache = ImageEncodingCache(self._encode_images)
         self.attention_backend = select_attention_backend(self.denoiser, device, self.denoiser.dtype)
+        self.step_cache = None if self.block_stack is None else RowStepCache(self.block_stack)
         self.loras = RowLoras({
             f"{component}.{inner}": module
             for component, model in self._adapter_components().items()
@@ -190,6 +196,8 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
     def _pipeline_info(
         self, defaults: ModelDefaults, size_multiple: int, uses_negative_prompt: bool = True, **extras: str
     ) -> PipelineInfo:
+        if self.step_cache is None:
+            defaults = replace(defaults, step_cache=0.0)
         return PipelineInfo(
             name=self.name,
             family=self.family,
@@ -200,6 +208,7 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
             schedulers=self.schedulers,
             supported_sizes=self.studio.sizes,
             image_inputs=self.image_inputs,
+            step_cache=self.step_cache is not None,
             extras={
                 **extras,
                 "default_scheduler": self.default_scheduler or self.schedulers[0],
@@ -290,6 +299,8 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
         state.generator = torch.Generator(device=self.device).manual_seed(params.seed)
         state.extra = self._request_extra(state)
         state.extra.begin_index = begin
+        if params.step_cache and self.step_cache is not None:
+            state.extra.step_cache = StepCacheState()
         state.latents = self._initial_latents(state) if params.init_image is None else self._latents_from_image(state)
 
     def _scheduler_template(self, params: GenerationParams):
@@ -370,7 +381,8 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
         layout = CfgLayout.of(states)
         # Each row with its request's adapters (both rows of a CFG request), on shared base weights.
         with self.loras.rows([row.state.params.loras for row in layout.rows], self.device, denoiser.dtype):
-            prediction = self._forward(denoiser, layout.rows)
+            with step_caching(self.step_cache, denoiser, layout, self.loras.only_rows):
+                prediction = self._forward(denoiser, layout.rows)
         return layout.combine(prediction, self._guide)
 
     @abc.abstractmethod
@@ -403,11 +415,30 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
     @torch.no_grad()
     def decode(self, state: RequestState, output_type: str = "pil"):
         """The stock pipeline's VAE decode and postprocess of the request's latents: "pil", "np" or "pt"."""
-        image = self.vae.decode(self._vae_latents(state), return_dict=False)[0]
-        return self.pipe.image_processor.postprocess(self._decoded(image), output_type=output_type)
+        return self._decode_latents(self._vae_latents(state), output_type)[0]
 
     def post_decode(self, state: RequestState) -> "list[Image.Image]":
         return self.decode(state, output_type="pil")
+
+    @torch.no_grad()
+    def post_decode_many(self, states: Sequence[RequestState]) -> "list[list[Image.Image]]":
+        """post_decode of several finished requests: ONE VAE call per latent shape (BatchedDecoding)."""
+        by_shape: dict[tuple[int, ...], list[tuple[int, torch.Tensor]]] = {}
+        for index, state in enumerate(states):
+            latents = self._vae_latents(state)
+            by_shape.setdefault(tuple(latents.shape), []).append((index, latents))
+        results: list = [None] * len(states)
+        for items in by_shape.values():
+            decoded = self._decode_latents(torch.cat([latents for _, latents in items]), "pil")
+            for (index, _), media in zip(items, decoded):
+                results[index] = list(media)
+        return results
+
+    def _decode_latents(self, latents: torch.Tensor, output_type: str) -> list:
+        """ONE VAE decode and postprocess of rows of VAE latents: one request's media per row."""
+        images = self.vae.decode(latents, return_dict=False)[0]
+        media = self.pipe.image_processor.postprocess(self._decoded(images), output_type=output_type)
+        return [media[row : row + 1] for row in range(len(latents))]
 
     @abc.abstractmethod
     def _vae_latents(self, state: RequestState) -> torch.Tensor:

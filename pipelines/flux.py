@@ -41,6 +41,7 @@ from pipelines.interface import RequestState
 from pipelines.latent_preview import projection_for
 from pipelines.params import GenerationParams
 from pipelines.prompt_cache import split_rows
+from pipelines.step_cache import BlockStack
 from pipelines.studio_config import StudioConfig
 
 MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's limit for the T5 prompt
@@ -64,6 +65,11 @@ class FluxRequestExtra(RequestExtra):
     latent_image_ids: torch.Tensor | None = None  # [image tokens, 3], the same for every request of this size
 
 
+def _modulated_input(block: torch.nn.Module, inputs: dict) -> torch.Tensor:
+    """The first block's image tokens after its timestep modulation (AdaLayerNormZero), for TeaCache."""
+    return block.norm1(inputs["hidden_states"], emb=inputs["temb"])[0]
+
+
 class FluxStepPipeline(FlowMatchStepPipeline):
     """A FLUX.1 checkpoint driven one denoise step at a time (see the module docstring)."""
 
@@ -71,6 +77,14 @@ class FluxStepPipeline(FlowMatchStepPipeline):
     label = "FLUX"
     diffusers_class = FluxPipeline
     image_inputs = ("init_image", "mask_image")
+    # Step caching: the double-stream blocks, then the single-stream ones; each takes and returns
+    # the text and image streams (FluxTransformer2DModel.forward).
+    block_stack = BlockStack(
+        lists=("transformer_blocks", "single_transformer_blocks"),
+        returns=("encoder_hidden_states", "hidden_states"),
+        row_inputs=("hidden_states", "encoder_hidden_states", "temb"),
+        modulated_input=_modulated_input,
+    )
 
     def __init__(self, pipe, device, name, studio: StudioConfig | None = None, scheduler: str | None = None) -> None:
         super().__init__(pipe, device, name, studio, scheduler)

@@ -32,7 +32,9 @@ that really run) and latents that start from the image, noised to the first of t
 mask, step_scheduler puts the unmasked part back after every step. A pipeline names the image
 fields it takes in `PipelineInfo.image_inputs`; `validate` refuses the others. Optionally it
 also offers `encode_images(params)` (`BatchedImageEncoding`): the runner calls it with every
-request joining a step, so their init images share one VAE encoder call.
+request joining a step, so their init images share one VAE encoder call. Likewise
+`post_decode_many(states)` (`BatchedDecoding`): the requests that finish in the same step share
+one VAE decoder call per latent shape.
 
 LoRA adapters (`GenerationParams.loras`): a pipeline that serves them lists the loaded ones in
 `PipelineInfo.loras` and applies each row's own adapters inside `denoise_step`'s one forward
@@ -70,6 +72,9 @@ class RequestState:
     latents: "torch.Tensor | None" = None
     timesteps: "torch.Tensor | None" = None
     step_index: int = 0
+    # Steps (indices into timesteps) whose forward reused the request's cached residual instead of
+    # running the model's later blocks (step caching, pipelines/step_cache.py; written by denoise_step).
+    skipped_steps: list[int] = field(default_factory=list)
     # The request's own noise scheduler (a deep copy of a pristine template): never shared.
     noise_scheduler: Any = None
     generator: "torch.Generator | None" = None
@@ -119,6 +124,8 @@ class ModelDefaults:
     # How much of the schedule a request with an init image runs when it does not say
     # (diffusers' FluxImg2ImgPipeline and StableDiffusion3Img2ImgPipeline default).
     strength: float = 0.6
+    # Step caching threshold of a request that does not say (0 = off; pipelines/step_cache.py).
+    step_cache: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -140,6 +147,8 @@ class PipelineInfo:
     image_inputs: tuple[str, ...] = ()
     # The LoRA adapters loaded for this model, by name (GenerationParams.loras names them).
     loras: tuple[str, ...] = ()
+    # Whether a request may ask for step caching (GenerationParams.step_cache > 0).
+    step_cache: bool = False
     # Stages drawn in the pipeline graph view, in order.
     stages: tuple[str, ...] = ("prompt", "encode", "denoise", "decode", "media")
     extras: dict[str, str] = field(default_factory=dict)
@@ -198,6 +207,16 @@ class BatchedImageEncoding(Protocol):
         their prepare_encode calls find them. An optimisation only, like `encode_prompts`."""
 
 
+@runtime_checkable
+class BatchedDecoding(Protocol):
+    """Optional part of the protocol, for pipelines that can VAE-decode several requests at once."""
+
+    def post_decode_many(self, states: Sequence[RequestState]) -> "list[list[Image.Image]]":
+        """post_decode of requests that finished denoising in the same step, in as few VAE calls as
+        their latent shapes allow; one result per state, in order. An optimisation only: when it
+        raises, the runner decodes each request on its own."""
+
+
 def resolve_defaults(params: GenerationParams, defaults: ModelDefaults) -> GenerationParams:
     """Fill the fields a user left unset with the model's defaults (the seed stays as given).
     A request with an init image takes the image's size, and the model's default strength."""
@@ -219,4 +238,5 @@ def resolve_defaults(params: GenerationParams, defaults: ModelDefaults) -> Gener
         guidance_scale=defaults.guidance_scale if params.guidance_scale is None else params.guidance_scale,
         negative_prompt=defaults.negative_prompt if params.negative_prompt is None else params.negative_prompt,
         num_frames=defaults.num_frames if params.num_frames is None else params.num_frames,
+        step_cache=defaults.step_cache if params.step_cache is None else params.step_cache,
     )

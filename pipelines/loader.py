@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipelines.interface import StepPipeline
@@ -48,6 +48,9 @@ class LoadOptions:
     # adapter subfolders read at start.
     loras: tuple[LoraOption, ...] = ()
     lora_folders: tuple[str, ...] = (str(BUILTIN_LORA_DIR), DEFAULT_LORA_DIR)
+    # The step-caching threshold of requests that do not say, for every model that caches steps
+    # (pipelines/step_cache.py; 0 = off); None: each model's own (its stepstudio.json's, else off).
+    step_cache: float | None = None
 
 
 def resolve_device_dtype(options: LoadOptions):
@@ -126,6 +129,8 @@ def load_pipeline(model: str | None = None, options: LoadOptions | None = None) 
         pipeline = family_class(class_name).from_pretrained(path, options)
         if options.compile_denoiser:
             compile_denoiser(pipeline)
+    if options.step_cache is not None:
+        set_default_step_cache(pipeline, options.step_cache)
     prompt_cache = getattr(pipeline, "prompt_cache", None)  # a pipeline of one's own may have none
     if prompt_cache is not None:
         prompt_cache.resize(options.prompt_cache_size)
@@ -166,12 +171,30 @@ def load_adapters(pipeline: StepPipeline, files: dict[str, Path]) -> None:
 
 
 def compile_denoiser(pipeline: StepPipeline) -> None:
-    """`torch.compile` the pipeline's transformer(s) or UNet in place (dynamic batch dimension)."""
+    """`torch.compile` the pipeline's transformer(s) or UNet in place (dynamic batch dimension).
+    A compiled model does not cache steps: the per-row cache changes its block loop every forward."""
     denoisers = getattr(pipeline, "denoisers", ())
     if not denoisers:
         raise ValueError(f"{type(pipeline).__name__} has no transformer or unet to compile.")
     for denoiser in denoisers:
         denoiser.compile(dynamic=True)
+    if getattr(pipeline, "step_cache", None) is not None:
+        pipeline.step_cache = None
+        pipeline.info = replace(pipeline.info, step_cache=False,
+                                defaults=replace(pipeline.info.defaults, step_cache=0.0))
+
+
+def set_default_step_cache(pipeline: StepPipeline, threshold: float) -> None:
+    """`threshold` becomes the step caching of the model's requests that do not say; a model that
+    does not cache steps is served without (a warning says so)."""
+    from pipelines.params import GenerationParams
+
+    GenerationParams(prompt="a check of the threshold", step_cache=threshold)  # ParamError for a bad one
+    if threshold and not pipeline.info.step_cache:
+        log.warning("%s does not cache steps (--step-cache %g): its requests run every step in full",
+                    pipeline.info.name, threshold)
+        return
+    pipeline.info = replace(pipeline.info, defaults=replace(pipeline.info.defaults, step_cache=float(threshold)))
 
 
 def _download(model_id: str) -> Path:

@@ -52,6 +52,20 @@ class _ForwardPlan:
     rows: torch.Tensor | None  # the rows that name any adapter (None: every row, in order)
     row_count: int  # rows of the whole forward
     scales: torch.Tensor  # (rows that name any, len(names)): each row's scale per adapter, 0 = unnamed
+    row_loras: tuple[tuple[LoraUse, ...], ...]  # what each row of the forward names
+
+
+def _plan_for(row_loras: tuple[tuple[LoraUse, ...], ...], device: torch.device, dtype: torch.dtype) -> _ForwardPlan:
+    names = tuple(sorted({use.name for uses in row_loras for use in uses}))
+    column = {name: index for index, name in enumerate(names)}
+    named = [index for index, uses in enumerate(row_loras) if uses]
+    scales = torch.zeros(len(named), len(names))
+    for position, index in enumerate(named):
+        for use in row_loras[index]:
+            scales[position, column[use.name]] = use.scale
+    every = len(named) == len(row_loras)
+    return _ForwardPlan(names, None if every else torch.tensor(named, device=device), len(row_loras),
+                        scales.to(device, dtype), row_loras)
 
 
 @dataclass(frozen=True)
@@ -95,20 +109,26 @@ class RowLoras:
         if not any(row_loras):
             yield
             return
-        names = tuple(sorted({use.name for uses in row_loras for use in uses}))
-        column = {name: index for index, name in enumerate(names)}
-        named = [index for index, uses in enumerate(row_loras) if uses]
-        scales = torch.zeros(len(named), len(names))
-        for position, index in enumerate(named):
-            for use in row_loras[index]:
-                scales[position, column[use.name]] = use.scale
-        every = len(named) == len(row_loras)
-        self._plan = _ForwardPlan(names, None if every else torch.tensor(named, device=device), len(row_loras),
-                                  scales.to(device, dtype))
+        self._plan = _plan_for(tuple(row_loras), device, dtype)
         try:
             yield
         finally:
             self._plan = None
+
+    @contextlib.contextmanager
+    def only_rows(self, rows: torch.Tensor | None) -> Iterator[None]:
+        """Inside `rows(...)`: a forward over only these rows of it (their indices, in order; None:
+        all of them), as step caching runs a model's later blocks for the rows that compute."""
+        plan = self._plan
+        if plan is None or rows is None:
+            yield
+            return
+        subset = tuple(plan.row_loras[index] for index in rows.tolist())
+        self._plan = _plan_for(subset, plan.scales.device, plan.scales.dtype) if any(subset) else None
+        try:
+            yield
+        finally:
+            self._plan = plan
 
     def _stacked_for(self, module_name: str, names: tuple[str, ...]) -> _Stacked | None:
         key = (module_name, names)

@@ -18,6 +18,9 @@ Without width/height, a request with an init image takes the image's size.
 
 `loras` names LoRA adapters loaded for the model, each with a scale; A1111's `<lora:NAME:SCALE>`
 tags in a prompt become entries of it when the engine prepares the request (`with_prompt_loras`).
+
+`step_cache` is the request's step-caching threshold (pipelines/step_cache.py): 0 runs every step
+in full, a larger value lets more steps reuse the model's last output; None takes the model's default.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ MAX_SIZE_ABSOLUTE = 8192
 MAX_FRAMES_ABSOLUTE = 1024
 MAX_SEED = 2**63 - 1
 MAX_MODEL_CHARS = 200
+MAX_STEP_CACHE = 1.0  # a relative change of the model's first block: past 1 every step would be skipped
 
 
 def _check_int(name: str, value: object, low: int, high: int) -> None:
@@ -87,6 +91,14 @@ def _check_strength(name: str, strength: object) -> None:
                                "(0 keeps the image, 1 redraws it from noise).")
 
 
+def _check_step_cache(name: str, threshold: object) -> None:
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+        raise ParamError(name, f"step_cache must be a number (a threshold) or None, got {threshold!r:.60}.")
+    if not math.isfinite(threshold) or not 0.0 <= threshold <= MAX_STEP_CACHE:
+        raise ParamError(name, f"step_cache={threshold} is not allowed: use a threshold in 0..{MAX_STEP_CACHE:g} "
+                               "(0 = off; higher skips more steps, e.g. 0.05).")
+
+
 def _image_in_mode(mode: str, meaning: str):
     def check(name: str, image: object) -> None:
         if not isinstance(image, Image.Image):
@@ -123,6 +135,7 @@ _FIELD_RULES = {
     "strength": _check_strength,
     "mask_image": _image_in_mode("L", "white = repaint, black = keep"),
     "loras": lambda name, value: check_loras(value),
+    "step_cache": _check_step_cache,
 }
 _REQUIRED = ("prompt", "preview_every")
 
@@ -178,6 +191,9 @@ class GenerationParams:
     mask_image: Image.Image | None = field(default=None, repr=False, compare=False)
     # LoRA adapters loaded for the model, each with its scale (pipelines/lora_request.py).
     loras: tuple[LoraUse, ...] = ()
+    # Step caching (pipelines/step_cache.py): a step whose first block changed less than this since
+    # the last step computed reuses the rest of the model's output; 0 = off, None = the model's default.
+    step_cache: float | None = None
 
     def __post_init__(self) -> None:
         for item in fields(self):

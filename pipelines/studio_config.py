@@ -9,6 +9,8 @@ Every key is optional. A folder without the file is served with its family's def
     vocabulary                                                            the only words the model knows;
                                                                           prompts are lower-cased
     sizes ["64x64", ...]                                                  the only sizes served (default: any)
+    step_cache                                                            the step-caching threshold of a request
+                                                                          that does not say (default 0: off)
     preview_rgb_factors [C][3], preview_rgb_bias [3]                      latent -> RGB preview in [0, 1],
                                                                           on normalized latents
 """
@@ -43,6 +45,7 @@ class StudioConfig:
     preview_rgb_bias: tuple[float, ...] | None = None
     # The sizes the model makes well (its card's), as (width, height); empty: any size its family allows.
     sizes: tuple[tuple[int, int], ...] = ()
+    step_cache: float | None = None
 
     def model_defaults(
         self,
@@ -64,6 +67,7 @@ class StudioConfig:
             num_frames=self.num_frames or num_frames,
             fps=self.fps or fps,
             example_prompts=tuple(self.example_prompts),
+            step_cache=self.step_cache or 0.0,
         )
 
     def unknown_words(self, prompt: str) -> list[str]:
@@ -113,6 +117,9 @@ def read_studio_config(folder: Path) -> StudioConfig:
         bias = tuple(float(v) for v in bias)
 
     guidance = _typed(path, data, "guidance_scale", (int, float))
+    step_cache = _typed(path, data, "step_cache", (int, float))
+    if step_cache is not None and not 0 <= step_cache <= 1:
+        raise ValueError(f"{path}: step_cache={step_cache!r} must be a threshold in 0..1 (0 = off).")
     sizes = []
     for text in _typed(path, data, "sizes", list) or ():
         width, sep, height = str(text).lower().partition("x")
@@ -133,4 +140,5 @@ def read_studio_config(folder: Path) -> StudioConfig:
         preview_rgb_factors=factors,
         preview_rgb_bias=bias,
         sizes=tuple(sizes),
+        step_cache=None if step_cache is None else float(step_cache),
     )

@@ -99,6 +99,13 @@ def check_image_inputs(params: GenerationParams, name: str, image_inputs: tuple[
         )
 
 
+def check_step_cache(params: GenerationParams, name: str, supported: bool) -> None:
+    """A request may ask for step caching only from a model that caches steps (PipelineInfo.step_cache)."""
+    if params.step_cache and not supported:
+        raise ParamError("step_cache", f"step_cache={params.step_cache:g}: {name} does not cache steps "
+                                       "(FLUX and Wan models do); send 0 or leave it out.")
+
+
 def check_supported_size(params: GenerationParams, name: str, sizes: tuple[tuple[int, int], ...]) -> None:
     """The model's card names the only sizes it makes well: refuse the others, naming them."""
     check_size_in(params.width, params.height, name, sizes)

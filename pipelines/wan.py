@@ -44,6 +44,7 @@ from pipelines.flow_match import FlowMatchStepPipeline
 from pipelines.interface import Batch, RequestState
 from pipelines.params import GenerationParams
 from pipelines.prompt_cache import split_rows
+from pipelines.step_cache import BlockStack
 from pipelines.studio_config import StudioConfig
 from pipelines.validation import check_video_params
 from pipelines.wan_vae import unnormalized, wan_vae_projection
@@ -76,6 +77,17 @@ def _keep_fp32_modules(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _modulated_input(block: torch.nn.Module, inputs: dict) -> torch.Tensor:
+    """The first block's tokens after its timestep modulation (WanTransformerBlock's self-attention
+    input), for TeaCache; temb is [B, 6, D], or [B, tokens, 6, D] for Wan 2.2 TI2V."""
+    temb = inputs["temb"].float()
+    table = block.scale_shift_table if temb.ndim == 3 else block.scale_shift_table.unsqueeze(0)
+    shift, scale = (table + temb).chunk(6, dim=temb.ndim - 2)[:2]
+    if temb.ndim == 4:
+        shift, scale = shift.squeeze(2), scale.squeeze(2)
+    return block.norm1(inputs["hidden_states"].float()) * (1 + scale) + shift
+
+
 class WanStepPipeline(FlowMatchStepPipeline):
     """A Wan text-to-video checkpoint driven one co-batched denoise step at a time."""
 
@@ -83,6 +95,14 @@ class WanStepPipeline(FlowMatchStepPipeline):
     label = "Wan"
     diffusers_class = WanPipeline
     output_kind = "video"
+    # Step caching: one list of blocks, each taking and returning the video tokens
+    # (WanTransformer3DModel.forward).
+    block_stack = BlockStack(
+        lists=("blocks",),
+        returns=("hidden_states",),
+        row_inputs=("hidden_states", "encoder_hidden_states", "temb"),
+        modulated_input=_modulated_input,
+    )
 
     def __init__(self, pipe, device, name, studio: StudioConfig | None = None, scheduler: str | None = None) -> None:
         if pipe.transformer is None:
@@ -200,12 +220,12 @@ class WanStepPipeline(FlowMatchStepPipeline):
     def _vae_latents(self, state: RequestState) -> torch.Tensor:
         return unnormalized(self.vae, state.latents)
 
-    @torch.no_grad()
-    def decode(self, state: RequestState, output_type: str = "pil"):
-        """WanPipeline's decode of the request's latents: the frames as PIL images ("pil"), or an
+    def _decode_latents(self, latents: torch.Tensor, output_type: str) -> list:
+        """WanPipeline's decode of rows of latents: per row, the frames as PIL images ("pil"), or an
         array [frames, height, width, 3] in [0, 1] ("np")."""
-        video = self.vae.decode(self._vae_latents(state), return_dict=False)[0]
-        return self.pipe.video_processor.postprocess_video(video, output_type=output_type)[0]
+        video = self.vae.decode(latents, return_dict=False)[0]
+        frames = self.pipe.video_processor.postprocess_video(video, output_type=output_type)
+        return [frames[row] for row in range(len(latents))]
 
     def _render_preview(self, x0: torch.Tensor, params: GenerationParams) -> list[Image.Image]:
         """Every latent frame of the predicted x0, linearly mapped to RGB (one pixel per latent

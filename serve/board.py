@@ -150,4 +150,6 @@ def _summed_stats(stats: list[EngineStats], mode: str, max_batch_requests: int) 
         stages=averaged([s.stages for s in stats]),
         stages_by_model={model: averaged([s.stages_by_model[model] for s in stats if model in s.stages_by_model])
                          for model in models},
+        rows_computed=sum(s.rows_computed for s in stats),
+        rows_skipped=sum(s.rows_skipped for s in stats),
     )

@@ -68,7 +68,7 @@ def build_pipelines(settings: ReplicaSettings) -> list:
 
     options = LoadOptions(device=settings.device, dtype=settings.dtype, compile_denoiser=settings.compile,
                           prompt_cache_size=settings.prompt_cache, loras=settings.loras,
-                          lora_folders=(str(BUILTIN_LORA_DIR), settings.lora_folder))
+                          lora_folders=(str(BUILTIN_LORA_DIR), settings.lora_folder), step_cache=settings.step_cache)
     return load_models((settings.model, *settings.more_models), options)
 
 

@@ -29,6 +29,7 @@ class ReplicaSettings:
     dtype: str | None = None
     compile: bool = False
     prompt_cache: int = 32
+    step_cache: float | None = None  # pipelines.loader.LoadOptions.step_cache
     mode: str = "step"
     max_batch: int = 8
     limits: ServingLimits = ServingLimits()
@@ -83,7 +84,7 @@ def replica_settings_for(options: StudioOptions, torch_threads: int | None = Non
     """The replica side of the studio's options (model, device, engine, limits)."""
     return ReplicaSettings(
         model=options.model, more_models=tuple(getattr(options, "more_models", ())), device=options.device, dtype=options.dtype, compile=options.compile,
-        prompt_cache=options.prompt_cache, mode=options.mode, max_batch=options.max_batch, limits=options.limits,
+        prompt_cache=options.prompt_cache, step_cache=getattr(options, "step_cache", None), mode=options.mode, max_batch=options.max_batch, limits=options.limits,
         torch_threads=torch_threads, pin_cpus=pin_cpus, loras=tuple(getattr(options, "loras", ())),
         lora_folder=getattr(options, "lora_folder", "loras"),
     )

@@ -84,6 +84,7 @@ class WireProgress:
     batch_size: int
     preview: bytes | tuple[bytes, ...] | None  # JPEG: one image, or a video's frames
     sent_at: float = 0.0  # the replica's perf_counter() when it was sent (the relay's latency)
+    skipped: int = 0  # steps so far that reused the request's cached residual (step caching)
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ def event_to_wire(event: Event) -> object:
             preview = tuple(encode_image(frame) for frame in preview)
         elif preview is not None:
             preview = encode_image(preview)
-        return WireProgress(event.step, event.total, event.batch_size, preview, time.perf_counter())
+        return WireProgress(event.step, event.total, event.batch_size, preview, time.perf_counter(), event.skipped)
     return event
 
 
@@ -146,7 +147,7 @@ def event_from_wire(item: object, clock_offset: float = 0.0) -> Event:
             preview = [decode_image(frame) for frame in preview]
         elif preview is not None:
             preview = decode_image(preview)
-        return Progress(item.step, item.total, item.batch_size, preview)
+        return Progress(item.step, item.total, item.batch_size, preview, skipped=item.skipped)
     if isinstance(item, Completed) and clock_offset:
         timings = item.timings
         return replace(item, timings=replace(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine import ServingLimits
+from pipelines.params import MAX_STEP_CACHE
 
 MODES = ("step", "request")
 _KEY_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -90,6 +91,9 @@ class StudioOptions:
     dtype: str | None = None
     compile: bool = False  # torch.compile the denoiser, then warm up at the model's default size
     prompt_cache: int = 32  # prompt embeddings kept for reuse (0 = off)
+    # Step caching's threshold for requests that do not say (pipelines/step_cache.py; 0 = off);
+    # None: each model's own default (its stepstudio.json's).
+    step_cache: float | None = None
     # LoRA adapters: --lora [MODEL:]NAME=PATH options (pipelines.lora_files.LoraOption), and the
     # folder of per-model adapter subfolders read besides the built-in ones.
     loras: tuple = ()
@@ -126,6 +130,11 @@ class StudioOptions:
             raise ValueError(f"preview_every must be an integer >= 0 (0 = no previews), got {self.preview_every!r}.")
         if isinstance(self.prompt_cache, bool) or not isinstance(self.prompt_cache, int) or self.prompt_cache < 0:
             raise ValueError(f"prompt_cache must be an integer >= 0 (0 = no cache), got {self.prompt_cache!r}.")
+        threshold = self.step_cache
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                                      or not 0 <= threshold <= MAX_STEP_CACHE):
+            raise ValueError(f"step_cache={threshold!r} is not allowed: use a threshold in 0..{MAX_STEP_CACHE:g} "
+                             "(0 = off; higher skips more steps, e.g. 0.1).")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port={self.port} is out of range: allowed is 0..65535.")
         if not self.queue_refresh_s > 0:

@@ -78,6 +78,8 @@ class FormValues:
     mask_image: "Image.Image | None" = None
     # LoRA adapters: a list of {"name", "scale"} (None: none besides a prompt's <lora:...> tags).
     loras: object = None
+    # Step caching's threshold (0 = off; None or "" = the model's default).
+    step_cache: object = None
 
     def model_name(self, engine: EngineClient) -> str:
         """The loaded model this form asks for (ValueError naming the loaded ones)."""
@@ -108,4 +110,5 @@ class FormValues:
             strength=number("strength", self.strength),
             mask_image=self.mask_image,
             loras=loras_from_json(self.loras),
+            step_cache=number("step_cache", self.step_cache),
         )

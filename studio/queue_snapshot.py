@@ -47,6 +47,7 @@ def request_as_dict(view: RequestView, viewer_session: Viewer, show_prompts: boo
         "state": view.state,
         "step": view.step,
         "total": view.total,
+        "skipped": view.skipped,  # steps that reused its cached residual (step caching)
         "position": view.position,
         "paused": view.paused,
         "waited_s": round(view.waited_s(now), 3),
@@ -75,6 +76,9 @@ def snapshot_as_dict(
             "steps_per_s": round(stats.steps_per_s, 3),
             "forwards": stats.forwards,
             "forwards_by_batch_size": {str(k): v for k, v in sorted(stats.forwards_by_batch_size.items())},
+            # Step caching: model rows that ran every block, and rows that reused a cached residual.
+            "rows_computed": stats.rows_computed,
+            "rows_skipped": stats.rows_skipped,
             "finished": dict(stats.finished),
             "stages": {
                 "encode_s": stats.stages.encode_s,

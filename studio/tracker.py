@@ -48,6 +48,7 @@ class Status:
     result: Completed | None = field(default=None, repr=False, compare=False)
     ended_by: Aborted | Failed | None = None  # the engine's own word on why it stopped
     paused: str = ""  # while queued: why it can't start ("session": its queue is paused; "engine": all are)
+    skipped: int = 0  # steps that reused the request's cached residual (step caching)
 
     @classmethod
     def waiting(cls, params: GenerationParams) -> "Status":
@@ -82,7 +83,7 @@ class Status:
         """The plain fields, JSON-ready (no preview, result or event)."""
         return {"request_id": self.request_id, "state": self.state, "step": self.step, "total": self.total,
                 "position": self.position, "batch_size": self.batch_size, "seed": self.seed,
-                "message": self.message, "paused": self.paused}
+                "message": self.message, "paused": self.paused, "skipped": self.skipped}
 
 
 def status_after(status: Status, event: Event) -> Status:
@@ -93,9 +94,11 @@ def status_after(status: Status, event: Event) -> Status:
         return replace(status, state=RUNNING, position=None, batch_size=event.batch_size, paused="")
     if isinstance(event, Progress):
         return replace(status, state=RUNNING, position=None, step=event.step, total=event.total,
-                       batch_size=event.batch_size, preview=status.preview if event.preview is None else event.preview)
+                       batch_size=event.batch_size, preview=status.preview if event.preview is None else event.preview,
+                       skipped=event.skipped)
     if isinstance(event, Completed):
-        return replace(status, state=COMPLETED, position=None, step=status.total, result=event)
+        return replace(status, state=COMPLETED, position=None, step=status.total, result=event,
+                       skipped=len(event.skipped_steps))
     if isinstance(event, Aborted):
         return replace(status, state=ABORTED, position=None, message=event.reason, ended_by=event)
     if isinstance(event, Failed):

@@ -185,6 +185,9 @@ class Run:
         self.forwards.__enter__()
         self._denoise, self._decode = self.pipeline.denoise_step, self.pipeline.post_decode
         self.pipeline.denoise_step, self.pipeline.post_decode = self._recording_denoise, self._recording_decode
+        self._decode_many = getattr(self.pipeline, "post_decode_many", None)
+        if self._decode_many is not None:  # requests that finish in the same step decode together
+            self.pipeline.post_decode_many = self._recording_decode_many
         self.engine.start()
         return self
 
@@ -192,6 +195,8 @@ class Run:
         self.engine.close()
         self.pipeline.denoise_step = self._denoise  # the ForwardLog's, which it removes
         del self.pipeline.post_decode  # back to the class method
+        if self._decode_many is not None:
+            del self.pipeline.post_decode_many
         self.forwards.__exit__()
 
     def _recording_denoise(self, batch):
@@ -204,6 +209,11 @@ class Run:
     def _recording_decode(self, state):
         self.final_latents[state.request_id] = state.latents.clone()
         return self._decode(state)
+
+    def _recording_decode_many(self, states):
+        for state in states:
+            self.final_latents[state.request_id] = state.latents.clone()
+        return self._decode_many(states)
 
     def submit(self, params: GenerationParams):
         handle = self.engine.submit(params)

@@ -32,6 +32,21 @@ def test_a_negative_prompt_cache_size_is_a_clear_error():
         options("--prompt-cache", "-2")
 
 
+def test_step_cache_reaches_the_loaded_models_defaults(caplog):
+    config = options("--model", "builtin", "--step-cache", "0.25")
+    assert config.step_cache == 0.25
+    assert app.load_model(config).info.defaults.step_cache == 0.25
+    assert app.load_model(options("--model", "builtin", "--step-cache", "0")).info.defaults.step_cache == 0
+    toy = app.load_model(options("--model", "toy", "--step-cache", "0.25"))  # it does not cache steps: served without
+    assert toy.info.defaults.step_cache == 0 and "toy does not cache steps" in caplog.text
+
+
+def test_a_step_cache_outside_0_to_1_is_a_clear_error():
+    for value in ("-0.1", "1.5", "nan"):
+        with pytest.raises(ValueError, match=r"step_cache=.* is not allowed: use a threshold in 0..1 \(0 = off"):
+            options("--step-cache", value)
+
+
 def test_max_batch_requests_is_the_same_option_as_max_batch():
     assert options("--max-batch-requests", "3").max_batch == 3
 
@@ -85,7 +100,8 @@ def test_without_model_the_built_in_models_are_served(monkeypatch, tmp_path):
 def test_bad_options_and_a_model_that_cannot_be_loaded_exit_with_status_2():
     """docs/configuration.md: "`python app.py` exits with status ... 2 for bad options, a busy port or a
     model that can't be loaded" (the busy port: tests/test_reliability_app.py)."""
-    commands = {"bad option": ["--bad-option"], "unloadable model": ["--model", "/nonexistent", "--port", "0", "--no-save"]}
+    commands = {"bad option": ["--bad-option"], "unloadable model": ["--model", "/nonexistent", "--port", "0", "--no-save"],
+                "bad step cache": ["--step-cache", "2"]}
     # Both at once: the second takes the time of the studio's imports before it tries the model.
     processes = {name: subprocess.Popen([sys.executable, "app.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, text=True)
@@ -99,3 +115,5 @@ def test_bad_options_and_a_model_that_cannot_be_loaded_exit_with_status_2():
     assert errors["bad option"] == "python app.py: error: unrecognized arguments: --bad-option"
     assert errors["unloadable model"].startswith("python app.py: error: ")
     assert "'/nonexistent'" in errors["unloadable model"]
+    assert errors["bad step cache"] == ("python app.py: error: step_cache=2.0 is not allowed: use a threshold in 0..1 "
+                                        "(0 = off; higher skips more steps, e.g. 0.1).")

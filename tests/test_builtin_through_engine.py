@@ -24,6 +24,7 @@ def test_the_builtin_model_is_the_default_and_its_serving_defaults_apply(pipelin
     defaults = pipeline.info.defaults
     assert (defaults.width, defaults.height, defaults.num_inference_steps) == (64, 64, 20)
     assert defaults.guidance_scale > 1 and defaults.negative_prompt == ""  # true CFG is the default
+    assert defaults.step_cache == 0.2 and pipeline.step_cache.rule == "teacache"  # docs/benchmarks.md#step-caching
     assert pipeline.max_sequence_length == 16
     assert len(defaults.example_prompts) >= 4
     assert pipeline.unknown_words("A large RED hexagon on a blue background") == ["hexagon"]
@@ -52,7 +53,7 @@ def test_engine_follows_prompts_with_live_previews(pipeline):
 
 def test_engine_pixels_equal_the_stock_pipeline():
     prompts = PROMPTS[:2]
-    ours = engine_images(BUILTIN_MODEL_DIR, prompts, seed=7)
+    ours = engine_images(BUILTIN_MODEL_DIR, prompts, seed=7, step_cache=0)  # the stock pipeline caches no step
     stock = stock_images(BUILTIN_MODEL_DIR, prompts, seed=7)
     for a, b in zip(ours, stock):
         assert np.abs(np.asarray(a, np.int16) - np.asarray(b, np.int16)).max() <= 1
@@ -61,8 +62,8 @@ def test_engine_pixels_equal_the_stock_pipeline():
 @pytest.mark.slow
 def test_the_documented_scores_120_prompts_through_the_engine_all_right():
     """docs/models.md's table: 120 prompts (`example_prompts(120, seed=1234)`, seed 1234 + i), the
-    model's serving defaults, the engine in step mode at batch 8 score 1.00 on every attribute
-    (`python -m tools.evaluate_engine --prompts 120`)."""
+    model's serving defaults (step caching at its default threshold included), the engine in step mode
+    at batch 8 score 1.00 on every attribute (`python -m tools.evaluate_engine --prompts 120 --step-cache -1`)."""
     prompts = example_prompts(120, seed=1234)
     images = engine_images(BUILTIN_MODEL_DIR, prompts, seed=1234, max_batch=8)
     scores = evaluate_images(list(zip(prompts, images)))

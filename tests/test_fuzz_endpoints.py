@@ -167,8 +167,8 @@ BAD_FORM_VALUES = {
 BAD_FORMS = st.one_of(  # ("form", prompt ... seed with one bad value) or ("count", values too few / too many)
     st.sampled_from(sorted(BAD_FORM_VALUES)).flatmap(lambda index: BAD_FORM_VALUES[index].map(
         lambda value: ("form", [*GOOD_FORM[:index], value, *GOOD_FORM[index + 1:]]))),
-    # Leaving out only the last input (loras, which has a default) is a valid call: two or more too few.
-    st.integers(-8, -2).map(lambda delta: ("count", delta)),
+    # Leaving out the last inputs (loras and step_cache, which have defaults) is a valid call: three or more too few.
+    st.integers(-8, -3).map(lambda delta: ("count", delta)),
     st.integers(1, 2).map(lambda delta: ("count", delta)),
 )
 GENERATE: dict = {}  # /generate's inputs' defaults, read from the served page (later inputs: the model)

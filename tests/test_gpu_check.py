@@ -94,9 +94,24 @@ def test_serving_rows_have_positive_throughput_and_latencies_in_step_times(dry_r
     assert compiled["backend"] == "eager" and compiled["first_call_s"] > 0
 
 
+def test_caching_rows_skip_rows_and_a_threshold_skipping_nothing_is_exactly_caching_off(dry_run):
+    caching = dry_run[0]["sections"]["caching"]
+    rows = caching["rows"]
+    assert [row["threshold"] for row in rows] == [0.0, caching["nothing_skipped_threshold"], *DRY_RUN.caching_thresholds]
+    assert caching["nothing_skipped_is_exact"] is True
+    off, nothing, *cached = rows
+    assert off["rows_skipped"] == nothing["rows_skipped"] == 0 and nothing["max_abs_diff_from_off"] == 0
+    for row in rows:
+        assert row["images_per_s"] > 0 and len(row["skipped_steps"]) == DRY_RUN.caching_requests
+    # The tiny random model changes little between its last steps: threshold 1 skips some of them.
+    assert all(0 < row["rows_skipped"] < 1 and row["max_abs_diff_from_off"] > 0 for row in cached), cached
+    assert rows[-1]["rows_skipped"] == sum(rows[-1]["skipped_steps"]) / (DRY_RUN.caching_requests * DRY_RUN.caching_steps)
+
+
 def test_the_markdown_has_every_table_and_is_printed(dry_run):
     _, markdown, printed = dry_run
-    for heading in ("### Correctness", "### Memory", "### Serving at", "### Batching curve", "### Skipped or failed"):
+    for heading in ("### Correctness", "### Memory", "### Serving at", "### Batching curve", "### Step caching at",
+                    "### Skipped or failed"):
         assert heading in markdown
     assert markdown in printed
 

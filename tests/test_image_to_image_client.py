@@ -60,7 +60,7 @@ def test_the_endpoint_is_listed_with_the_mask_and_settings_optional(client):
     endpoint = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/image_to_image"]
     parameters = {p["parameter_name"]: p for p in endpoint["parameters"]}
     assert list(parameters) == ["image", "prompt", "strength", "mask", "negative_prompt", "steps", "guidance_scale",
-                                "seed", "model", "loras"]
+                                "seed", "model", "loras", "step_cache"]
     assert [name for name, p in parameters.items() if not p["parameter_has_default"]] == ["image", "prompt"]
     assert parameters["strength"]["parameter_default"] == 0.6  # the model's default strength
 

@@ -84,8 +84,8 @@ def zoom(page) -> float:
 def test_the_editor_is_the_default_tab_with_a_palette_and_the_text_to_image_graph(page):
     types = [el.get_attribute("data-node-type") for el in page.query_selector_all(".sse-palette-item")]
     assert types == ["prompt", "negative_prompt", "seed", "size", "steps", "guidance", "scheduler", "frames", "model",
-                     "strength", "lora", "prompt_list", "seed_batch", "sweep", "load_image", "mask", "upscale", "sampler",
-                     "image_output", "live_preview", "grid"]
+                     "strength", "lora", "step_cache", "prompt_list", "seed_batch", "sweep", "load_image", "mask",
+                     "upscale", "sampler", "image_output", "live_preview", "grid"]
     assert sorted(page.get_attribute(f"#node-{n}", "data-node-type") for n in nodes(page)) == sorted(
         ["prompt", "seed", "steps", "guidance", "sampler", "live_preview", "image_output"])
     assert links(page) == 6

@@ -60,7 +60,8 @@ def test_api_page_lists_the_named_endpoints(studio, clients):
     endpoints = clients().view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert {"/generate", "/cancel", "/queue"} <= set(endpoints)
     names = [p["parameter_name"] for p in endpoints["/generate"]["parameters"]]
-    assert names == ["prompt", "negative_prompt", "width", "height", "steps", "guidance_scale", "seed", "model", "loras"]
+    assert names == ["prompt", "negative_prompt", "width", "height", "steps", "guidance_scale", "seed", "model", "loras",
+                     "step_cache"]
     assert not {name for name in endpoints if name.startswith("/ui_")}  # the page's own events stay private
 
 

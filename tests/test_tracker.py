@@ -187,7 +187,7 @@ def test_a_held_back_request_and_one_stopped_before_the_engine_had_it():
     request = GenerationParams(prompt="p", num_inference_steps=5, seed=9, width=64, height=64)
     waiting = Status.waiting(request)
     assert waiting.as_dict() == {"request_id": None, "state": "waiting", "step": 0, "total": 5, "position": None,
-                                 "batch_size": 0, "seed": 9, "message": "", "paused": ""}
+                                 "batch_size": 0, "seed": 9, "message": "", "paused": "", "skipped": 0}
     stopped = waiting.stopped("aborted", "cancelled before it started")
     assert (stopped.state, stopped.message, stopped.is_final, stopped.ended_by) == (
         "aborted", "cancelled before it started", True, None)

@@ -51,7 +51,7 @@ def test_generate_video_streams_previews_and_returns_an_mp4(studio):
     before = set(outputs.rglob("*.mp4"))
     client = connect(server.url)
     endpoint = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate_video"]
-    assert [p["parameter_name"] for p in endpoint["parameters"]][-3:] == ["model", "num_frames", "loras"]
+    assert [p["parameter_name"] for p in endpoint["parameters"]][-4:] == ["model", "num_frames", "loras", "step_cache"]
 
     job = generate_video(client, steps=6)
     status, _, media = job.result(timeout=60)

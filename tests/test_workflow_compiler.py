@@ -102,6 +102,20 @@ def test_every_sweepable_setting_parses_its_values():
     assert (last.width, last.height, last.num_inference_steps, last.scheduler, last.seed) == (128, 128, 8, None, None)
 
 
+def test_a_step_cache_node_and_a_sweep_of_thresholds_set_each_branchs_step_cache():
+    one = compiled([PROMPT, SAMPLER, node("c", "step_cache", threshold=0.25)],
+                   [TO_SAMPLER, link("c", "step_cache", "s", "step_cache")])
+    assert one.branches[0].params.step_cache == 0.25
+    swept = compiled([PROMPT, SAMPLER, node("w", "sweep", param="step_cache", values="0, 0.1, 0.3")],
+                     [TO_SAMPLER, link("w", "values", "s", "step_cache")])
+    assert [b.params.step_cache for b in swept.branches] == [0.0, 0.1, 0.3]
+    assert compiled([PROMPT, SAMPLER], [TO_SAMPLER]).branches[0].params.step_cache is None  # the model's default
+    found = problems([PROMPT, SAMPLER, node("c", "step_cache", threshold=2)],
+                     [TO_SAMPLER, link("c", "step_cache", "s", "step_cache")])
+    assert found == [("c", "threshold", "step_cache=2.0 is not allowed: use a threshold in 0..1 (0 = off; higher "
+                                        "skips more steps, e.g. 0.05).")]
+
+
 def test_random_seed_is_shared_by_a_samplers_branches_and_explicit_seeds_stay():
     nodes = [PROMPT, SAMPLER, node("g", "sweep", param="guidance", values="1, 3")]
     result = compiled(nodes, [TO_SAMPLER, link("g", "values", "s", "guidance")])
@@ -414,10 +428,10 @@ def test_node_type_specs_describe_ports_fields_and_model_defaults():
     specs = {spec["name"]: spec for spec in node_type_specs({"steps": {"steps": 28}})}
     assert [p["name"] for p in specs["sampler"]["inputs"]] == [
         "prompt", "negative_prompt", "seed", "size", "steps", "guidance", "scheduler", "frames", "model", "strength",
-        "image", "mask", "lora"]
+        "image", "mask", "lora", "step_cache"]
     assert specs["sampler"]["inputs"][0]["required"] is True
     # A picture input takes a picture, or an earlier sampler's images (a stage feeding the next).
-    assert specs["sampler"]["inputs"][-3]["accepts"] == ["image", "images"]
+    assert specs["sampler"]["inputs"][-4]["accepts"] == ["image", "images"]
     assert specs["sampler"]["inputs"][0]["accepts"] == ["prompt"]
     assert specs["sweep"]["outputs"] == [{"name": "values", "type": None, "typed_by": "param"}]
     assert specs["steps"]["fields"][0]["default"] == 28

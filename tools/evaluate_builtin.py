@@ -21,6 +21,12 @@ engine (pipeline.load_lora + GenerationParams.loras), without and with it, outli
 the default prompts (--seed 1234, up to 120) are scenes held out of the adapter's training:
 
     python -m tools.evaluate_builtin --lora assets/loras/shapes-flux/outline.safetensors --lora-scale 1
+
+Step caching's thresholds (tools/step_cache_sweep.py), through stepstudio's engine: caching off,
+then every rule at every threshold, with the rows skipped, the speed against caching off and the
+scores (each with its change from caching off):
+
+    python -m tools.evaluate_builtin --step-cache 0.05 0.1 0.2 --step-cache-rule first-block teacache
 """
 
 from __future__ import annotations
@@ -379,6 +385,16 @@ def evaluate_lora(args) -> None:
                     image.save(folder / f"{i:03d}.png")
 
 
+def evaluate_step_cache(args) -> None:
+    """Caching off and each rule at each threshold, through stepstudio's engine (step mode)."""
+    from tools.step_cache_sweep import sweep_prompts
+
+    sweep_prompts(args.model, example_prompts(args.prompts, seed=args.seed), args.seed, args.steps,
+                  args.cfg[0] if args.cfg else None,
+                  lambda pairs: evaluate_images([(prompt, final.images[0]) for prompt, final in pairs]),
+                  args.step_cache, args.step_cache_rule, ATTRIBUTES, args.batch)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=Path("assets/shapes-flux"))
@@ -395,6 +411,10 @@ def main() -> None:
     parser.add_argument("--noise-seed", type=int, default=None,
                         help="with --lora: request i uses noise seed NOISE_SEED + i (default: --seed)")
     parser.add_argument("--save-images", type=Path, default=None, help="with --lora: write the images here")
+    parser.add_argument("--step-cache", type=float, nargs="+", default=None, metavar="THRESHOLD",
+                        help="through stepstudio's engine: caching off, then step caching at each threshold")
+    parser.add_argument("--step-cache-rule", nargs="+", default=["teacache"], choices=("first-block", "teacache"),
+                        help="with --step-cache: the rules to try (pipelines/step_cache.py)")
     args = parser.parse_args()
 
     import torch
@@ -402,6 +422,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.lora is not None:
         evaluate_lora(args)
+        return
+    if args.step_cache is not None:
+        evaluate_step_cache(args)
         return
 
     from diffusers import FluxPipeline

@@ -5,7 +5,9 @@
 
 Both paths use the model's serving defaults (stepstudio.json) and the same per-request seed
 (seed + i for prompt i), so their images should be identical: the table shows both scores
-and the largest pixel difference between the two paths.
+and the largest pixel difference between the two paths. The engine runs without step caching
+here (the stock pipeline has none); `--step-cache T` runs it with threshold T (the model's
+default: `--step-cache -1`).
 """
 
 from __future__ import annotations
@@ -21,15 +23,18 @@ from tools.evaluate_builtin import ATTRIBUTES, evaluate_images
 from tools.shapes_world import example_prompts
 
 
-def engine_images(model: Path, prompts: list[str], seed: int, max_batch: int = 8) -> list[Image.Image]:
-    """Every prompt as its own request, all submitted at once, co-batched by the engine."""
+def engine_images(model: Path, prompts: list[str], seed: int, max_batch: int = 8,
+                  step_cache: float | None = None) -> list[Image.Image]:
+    """Every prompt as its own request, all submitted at once, co-batched by the engine;
+    `step_cache`: every request's threshold (None: the model's default)."""
     from engine import Completed, Engine, GenerationParams, ServingLimits
     from pipelines.loader import load_pipeline
 
     limits = ServingLimits(max_queue=len(prompts) + 1, max_per_session=len(prompts) + 1)
     engine = Engine(load_pipeline(str(model)), mode="step", max_batch_requests=max_batch, limits=limits).start()
     try:
-        handles = [engine.submit(GenerationParams(prompt=p, seed=seed + i), session_id="eval") for i, p in enumerate(prompts)]
+        handles = [engine.submit(GenerationParams(prompt=p, seed=seed + i, step_cache=step_cache), session_id="eval")
+                   for i, p in enumerate(prompts)]
         finals = [h.result(timeout=600) for h in handles]
     finally:
         engine.close()
@@ -78,13 +83,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--no-stock", action="store_true", help="skip the stock FluxPipeline run")
+    parser.add_argument("--step-cache", type=float, default=0.0,
+                        help="the engine's step-caching threshold (0: off, as the stock pipeline; -1: the model's default)")
     args = parser.parse_args()
 
     prompts = example_prompts(args.prompts, seed=args.seed)
     print(f"model {args.model}, {len(prompts)} prompts, the model's serving defaults, seed {args.seed} + i\n")
     print("| path | " + " | ".join(ATTRIBUTES) + " | s/image |")
     print("|---|" + "---|" * (len(ATTRIBUTES) + 1))
-    runs = {"stepstudio engine (step mode)": lambda: engine_images(args.model, prompts, args.seed, args.max_batch)}
+    step_cache = None if args.step_cache < 0 else args.step_cache
+    runs = {"stepstudio engine (step mode)": lambda: engine_images(args.model, prompts, args.seed, args.max_batch,
+                                                                    step_cache)}
     if not args.no_stock:
         runs["stock FluxPipeline"] = lambda: stock_images(args.model, prompts, args.seed)
     produced = {}

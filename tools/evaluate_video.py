@@ -16,6 +16,11 @@ CLI (runs the stock diffusers WanPipeline with the model's serving defaults):
     python -m tools.evaluate_video --model assets/shapes-wan --split held-out --repeats 2
     python -m tools.evaluate_video --split training --flow-shift 5   # try a sampler setting on seen prompts
     python -m tools.evaluate_video --model assets/shapes-wan --repeats 0 --contact-sheet assets/shapes-wan/contact_sheet.png
+
+Step caching's thresholds (tools/step_cache_sweep.py), through stepstudio's engine (every clip its
+own request, seed + i): caching off, then every rule at every threshold:
+
+    python -m tools.evaluate_video --step-cache 0.05 0.1 0.2 --step-cache-rule first-block teacache
 """
 
 from __future__ import annotations
@@ -225,6 +230,17 @@ def evaluation_prompts(split: str, repeats: int) -> list[str]:
     return [caption(spec) for spec in specs] * repeats
 
 
+def evaluate_step_cache(args) -> None:
+    """Caching off and each rule at each threshold, through stepstudio's engine (step mode)."""
+    from tools.step_cache_sweep import sweep_prompts
+
+    print(f"{args.split} split\n")
+    sweep_prompts(args.model, evaluation_prompts(args.split, args.repeats), args.seed, args.steps,
+                  args.cfg[0] if args.cfg else None,
+                  lambda pairs: evaluate_videos([(prompt, final.images) for prompt, final in pairs]),
+                  args.step_cache, args.step_cache_rule, ATTRIBUTES, args.batch)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=Path("assets/shapes-wan"))
@@ -240,11 +256,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--contact-sheet", type=Path, default=None,
                         help="also write first/middle/last frames of the model's example prompts here")
+    parser.add_argument("--step-cache", type=float, nargs="+", default=None, metavar="THRESHOLD",
+                        help="through stepstudio's engine: caching off, then step caching at each threshold")
+    parser.add_argument("--step-cache-rule", nargs="+", default=["teacache"], choices=("first-block", "teacache"),
+                        help="with --step-cache: the rules to try (pipelines/step_cache.py)")
     args = parser.parse_args()
 
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.step_cache is not None:
+        evaluate_step_cache(args)
+        return
     defaults = load_serving_defaults(args.model)
     steps = args.steps or defaults["num_inference_steps"]
     scales = args.cfg if args.cfg else [defaults["guidance_scale"]]

@@ -76,7 +76,7 @@ def from_engine_value_error(error: ValueError, renamed: dict[str, str] | None = 
     names = {**_API_FIELD_OF, **(renamed or {})}
     known = field in names or field in {
         "prompt", "negative_prompt", "num_inference_steps", "guidance_scale", "seed", "num_frames", "strength",
-        "loras",
+        "loras", "step_cache",
     }
     return invalid_value(message, names.get(field, field) if known else None)
 

@@ -42,6 +42,7 @@ from studio.user_errors import engine_errors_as_gradio, user_error
 # A video's preview GIFs: Gradio copies each into its cache, so ours can go after 10 minutes.
 PREVIEWS = TempFolder("stepstudio-previews", ttl_s=600)
 LORAS_LABEL = 'loras (optional: [{"name": NAME, "scale": 1.0}], adapters loaded for the model)'
+STEP_CACHE_LABEL = "step_cache (optional: a step-caching threshold, 0 = off; empty: the model's default)"
 
 
 def wire_api_endpoints(engine: EngineClient, config: StudioOptions, store: OutputStore,
@@ -93,6 +94,7 @@ def _wire_generate(engine: EngineClient, config: StudioOptions, accept, example_
         if kind == "video":
             inputs.append(gr.Number(label="num_frames (0: the model's default)", value=0, precision=0))
         inputs.append(gr.JSON(label=LORAS_LABEL, value=None))
+        inputs.append(gr.Number(label=STEP_CACHE_LABEL, value=None))
         status = gr.JSON(label="status")
         if kind == "video":
             preview = gr.Image(label="preview (every frame, looping GIF)", type="filepath")
@@ -108,15 +110,16 @@ def _wire_generate(engine: EngineClient, config: StudioOptions, accept, example_
 
     if kind == "video":
         async def generate(prompt, negative_prompt, width, height, steps, guidance_scale, seed, model, num_frames=None,
-                           loras=None, request: gr.Request = None):
+                           loras=None, step_cache=None, request: gr.Request = None):
             form = FormValues(prompt, negative_prompt, width, height, steps, guidance_scale, seed, model, num_frames,
-                              loras=loras)
+                              loras=loras, step_cache=step_cache)
             async for outputs in generated(form, request):
                 yield outputs
     else:
         async def generate(prompt, negative_prompt, width, height, steps, guidance_scale, seed, model, loras=None,
-                           request: gr.Request = None):
-            form = FormValues(prompt, negative_prompt, width, height, steps, guidance_scale, seed, model, loras=loras)
+                           step_cache=None, request: gr.Request = None):
+            form = FormValues(prompt, negative_prompt, width, height, steps, guidance_scale, seed, model, loras=loras,
+                              step_cache=step_cache)
             async for outputs in generated(form, request):
                 yield outputs
 
@@ -148,18 +151,20 @@ def _wire_image_to_image(engine: EngineClient, config: StudioOptions, accept, ex
         seed = gr.Number(label="seed (-1 = random)", value=RANDOM_SEED, precision=0)
         model = gr.Textbox(label="model (empty: the default)", value=default_model)
         loras = gr.JSON(label=LORAS_LABEL, value=None)
+        step_cache = gr.Number(label=STEP_CACHE_LABEL, value=None)
         status = gr.JSON(label="status")
         preview = gr.Image(label="preview", format="jpeg", type="pil")
         result = gr.Image(label="image", format="png", type="pil")
 
     # mask=None in the signature makes it optional for gradio_client (it has no starting value).
     async def image_to_image(image, prompt, strength, mask=None, negative_prompt=None, steps=None, guidance_scale=None,
-                             seed=None, model=None, loras=None, request: gr.Request = None):
+                             seed=None, model=None, loras=None, step_cache=None, request: gr.Request = None):
         """Redraw a picture after a prompt (image to image); with a mask only its white part
         (inpainting). The image's size is the request's. Streams (status, preview, image) as
         /generate does; cancel with /cancel and the request_id."""
         session = session_id_of(request)
-        form = FormValues(prompt, negative_prompt, None, None, steps, guidance_scale, seed, model, loras=loras)
+        form = FormValues(prompt, negative_prompt, None, None, steps, guidance_scale, seed, model, loras=loras,
+                          step_cache=step_cache)
         with engine_errors_as_gradio():
             max_side = engine.limits_for(form.model_name(engine)).max_size
             init_image, mask_image = await asyncio.to_thread(_uploaded_pictures, image, mask, max_side)
@@ -167,7 +172,8 @@ def _wire_image_to_image(engine: EngineClient, config: StudioOptions, accept, ex
         async for outputs in _streamed(engine, config, accept, form, session, "image", (status, preview, result)):
             yield outputs
 
-    trigger.click(image_to_image, inputs=[image, prompt, strength, mask, negative, steps, guidance, seed, model, loras],
+    trigger.click(image_to_image,
+                  inputs=[image, prompt, strength, mask, negative, steps, guidance, seed, model, loras, step_cache],
                   outputs=[status, preview, result], api_name="image_to_image", concurrency_limit=None,
                   preprocess=False)
 

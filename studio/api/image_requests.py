@@ -12,7 +12,10 @@ from typing import Literal
 import pydantic
 
 from pipelines.lora_request import MAX_LORA_NAME_CHARS, MAX_LORA_SCALE, MIN_LORA_SCALE, LoraUse
-from pipelines.params import MAX_PROMPT_CHARS, MAX_SEED, GenerationParams
+from pipelines.params import MAX_PROMPT_CHARS, MAX_SEED, MAX_STEP_CACHE, GenerationParams
+
+# Step caching's threshold (pipelines/step_cache.py): 0 = off; absent = the model's default.
+STEP_CACHE_FIELD = pydantic.Field(default=None, ge=0.0, le=MAX_STEP_CACHE, allow_inf_nan=False)
 
 
 class LoraBody(pydantic.BaseModel):
@@ -48,6 +51,7 @@ class _ImageRequest(pydantic.BaseModel):
     seed: int | None = pydantic.Field(default=None, ge=0, le=MAX_SEED)
     # LoRA adapters loaded for the model, each with its scale (also: <lora:NAME:SCALE> in the prompt).
     loras: list[LoraBody] | None = pydantic.Field(default=None, max_length=64)
+    step_cache: float | None = STEP_CACHE_FIELD
 
     def params(self, model: str, width: int | None, height: int | None, **images) -> GenerationParams:
         """The engine request this body asks for (`images`: an edit's init_image, strength and
@@ -62,6 +66,7 @@ class _ImageRequest(pydantic.BaseModel):
             seed=self.seed,
             model=model,
             loras=tuple(LoraUse(lora.name, lora.scale) for lora in self.loras or ()),
+            step_cache=self.step_cache,
             **images,
         )
 

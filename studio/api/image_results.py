@@ -57,7 +57,9 @@ async def images_response(
     data = []
     for final in finals:
         png = await asyncio.to_thread(png_bytes, final.result.images[0])  # encoding must not stall the event loop
-        item: dict = {"seed": final.result.seed, "revised_prompt": None}
+        # skipped_steps: the steps that reused the request's cached residual (step caching)
+        item: dict = {"seed": final.result.seed, "revised_prompt": None,
+                      "skipped_steps": len(final.result.skipped_steps)}
         if response_format == "url":
             # A kept image's file is written and synced: off the event loop too.
             item["url"] = _image_url(request, config, await asyncio.to_thread(images.put, png, session))

@@ -139,8 +139,8 @@ def _own_queue(engine_: engine.EngineClient, session: str, video_jobs: VideoJobS
     views = [view for view in engine_.snapshot().requests if view.session_id == session]
     videos = {job.handle.request_id: job.id for job in video_jobs.jobs_of(session) if job.handle is not None}
     requests = [{"request_id": v.request_id, "video_id": videos.get(v.request_id), "model": v.model,
-                 "prompt": v.prompt, "state": v.state, "step": v.step, "total": v.total, "position": v.position,
-                 "paused": v.paused} for v in views]
+                 "prompt": v.prompt, "state": v.state, "step": v.step, "total": v.total, "skipped": v.skipped,
+                 "position": v.position, "paused": v.paused} for v in views]
     return {**queue_actions.queue_state(engine_, session), "requests": requests}
 
 

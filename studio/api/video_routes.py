@@ -48,6 +48,7 @@ from pipelines.params import MAX_PROMPT_CHARS, MAX_SEED
 from studio.api import errors as http_errors
 from studio.api.config import HttpApiConfig
 from studio.api.errors import ApiError
+from studio.api.image_requests import STEP_CACHE_FIELD
 from studio.api.request_bodies import body_kind, parse_size, read_body_in_time, read_form, resolve_model
 from studio.api.video_files import MEDIA_TYPES, SUFFIXES, VARIANTS, encode_video_files
 from studio.api.video_jobs import VideoError, VideoJob, VideoJobStore, VideoStoreFull
@@ -80,6 +81,7 @@ class VideoCreateRequest(pydantic.BaseModel):
     guidance_scale: float | None = pydantic.Field(default=None, ge=0.0, le=100.0, allow_inf_nan=False)
     seed: int | None = pydantic.Field(default=None, ge=0, le=MAX_SEED)
     num_frames: int | None = pydantic.Field(default=None, ge=1)  # the upper bound is the server's
+    step_cache: float | None = STEP_CACHE_FIELD
 
 
 Caller = Callable[[Request], Awaitable[str]]
@@ -250,7 +252,7 @@ async def _create_job(
         params = engine.GenerationParams(
             prompt=ask.prompt, negative_prompt=ask.negative_prompt, width=width, height=height, num_frames=frames,
             num_inference_steps=ask.num_inference_steps, guidance_scale=ask.guidance_scale, seed=ask.seed,
-            model=model,
+            model=model, step_cache=ask.step_cache,
         )
     except ValueError as error:
         raise http_errors.from_engine_value_error(error) from None

@@ -58,7 +58,8 @@ def format_seconds(seconds: float | None) -> str:
 def _progress_cell(view: RequestView) -> str:
     fraction = view.step / view.total if view.total else 0.0
     width = round(100 * min(max(fraction, 0.0), 1.0))
-    return f'<span class="ss-bar"><span style="width:{width}%"></span></span>{view.step}/{view.total}'
+    skipped = f" ({view.skipped} skipped)" if view.skipped else ""  # steps that reused its cached residual
+    return f'<span class="ss-bar"><span style="width:{width}%"></span></span>{view.step}/{view.total}{skipped}'
 
 
 def _batch_cell(view: RequestView, mine_ids: set[str]) -> str:
@@ -102,6 +103,9 @@ def render_stats(snapshot: EngineSnapshot) -> str:
         f"waiting <b>{len(snapshot.waiting)}</b>, running <b>{len(snapshot.running)}</b>",
         f"finished: {html.escape(finished)}",
     )
+    rows = stats.rows_computed + stats.rows_skipped
+    if stats.rows_skipped:  # step caching saved something
+        items += (f"step cache: <b>{stats.rows_skipped / rows:.0%}</b> of rows skipped",)
     return '<div class="ss-stats">' + "".join(f"<span>{item}</span>" for item in items) + "</div>"
 
 

@@ -337,5 +337,6 @@ def _params(fields: dict[str, Any], default_model: str) -> GenerationParams:
         num_frames=fields.get(PortType.FRAMES),
         model=fields.get(PortType.MODEL, default_model),
         strength=fields.get(PortType.STRENGTH),
+        step_cache=fields.get(PortType.STEP_CACHE),
         loras=fields.get(PortType.LORA, ()),
     )

@@ -29,7 +29,8 @@ from studio.workflows.readers import (
 
 # A Grid's axes name a sampler input that a fan-out node feeds (or an earlier stage's, inherited).
 GRID_AXES = ("auto", PortType.PROMPT, PortType.NEGATIVE_PROMPT, PortType.SEED, PortType.SIZE, PortType.STEPS,
-             PortType.GUIDANCE, PortType.SCHEDULER, PortType.FRAMES, PortType.MODEL, PortType.STRENGTH, PortType.LORA)
+             PortType.GUIDANCE, PortType.SCHEDULER, PortType.FRAMES, PortType.MODEL, PortType.STRENGTH, PortType.LORA,
+             PortType.STEP_CACHE)
 
 
 # ---------------------------------------------------------------------------- the types
@@ -121,10 +122,12 @@ def _value_node(name: str, title: str, port_type: str, fields: tuple[Field, ...]
                     read=read or one_value(port_type, fields[0].name))
 
 
-# Every value type (a LoRA's scale goes into a LoRA node), the pictures, then the adapters.
+# Every value type (a LoRA's scale goes into a LoRA node), the pictures, the adapters, then step
+# caching (last, so the earlier inputs keep the places saved editors and tests know them by).
 SAMPLER_INPUTS = tuple(Port(port, port, required=port == PortType.PROMPT) for port in PARAMS_OF_PORT
-                       if port not in (PortType.LORA, PortType.LORA_SCALE)) + (
-    Port(PortType.IMAGE, PortType.IMAGE), Port(PortType.MASK, PortType.MASK), Port(PortType.LORA, PortType.LORA))
+                       if port not in (PortType.LORA, PortType.LORA_SCALE, PortType.STEP_CACHE)) + (
+    Port(PortType.IMAGE, PortType.IMAGE), Port(PortType.MASK, PortType.MASK), Port(PortType.LORA, PortType.LORA),
+    Port(PortType.STEP_CACHE, PortType.STEP_CACHE))
 
 NODE_TYPES: dict[str, NodeType] = {
     node_type.name: node_type
@@ -164,6 +167,10 @@ NODE_TYPES: dict[str, NodeType] = {
                          Field("scale", "float", 1.0, "Scale", help="1 = as trained, 0 = off; -4..4", step=0.1,
                                sets=("loras",))),
                  read=read_lora),
+        _value_node("step_cache", "Step cache", PortType.STEP_CACHE,
+                    (Field("threshold", "float", 0.3, "Threshold",
+                           help="0 = off; higher skips more steps (FLUX and Wan models)", step=0.05),),
+                    "Step caching: a step whose model output barely changes reuses most of the last one."),
         NodeType("load_image", "Load image", "pictures",
                  "A picture to start from: upload one, drop one on the node, or pick a saved result.",
                  outputs=(Port(PortType.IMAGE, PortType.IMAGE),),

@@ -22,6 +22,7 @@ class PortType:
     FRAMES = "frames"  # a video's frame count
     MODEL = "model"  # which loaded model makes the branch
     STRENGTH = "strength"  # how much of a picture a sampler redraws (0..1)
+    STEP_CACHE = "step_cache"  # a sampler's step-caching threshold (0 = off)
     IMAGES = "images"  # a sampler's branches: their previews, images and settings
     IMAGE = "image"  # a picture to start from: a Load image's, an Upscale's, or a sampler's results
     MASK = "mask"  # which part of the picture to repaint
@@ -41,8 +42,8 @@ PARAMS_OF_PORT = {
     PortType.SIZE: ("width", "height"), PortType.STEPS: ("num_inference_steps",),
     PortType.GUIDANCE: ("guidance_scale",), PortType.SCHEDULER: ("scheduler",), PortType.FRAMES: ("num_frames",),
     PortType.MODEL: ("model",), PortType.STRENGTH: ("strength",), PortType.LORA: ("loras",),
-    PortType.LORA_SCALE: ("loras",),
+    PortType.LORA_SCALE: ("loras",), PortType.STEP_CACHE: ("step_cache",),
 }
 # What a Sweep node may vary: its `param` value decides its output type.
 SWEEPABLE = (PortType.GUIDANCE, PortType.STEPS, PortType.SCHEDULER, PortType.SIZE, PortType.SEED, PortType.FRAMES,
-             PortType.MODEL, PortType.STRENGTH, PortType.LORA_SCALE)
+             PortType.MODEL, PortType.STRENGTH, PortType.LORA_SCALE, PortType.STEP_CACHE)

@@ -118,6 +118,7 @@ def _number(param: str, whole: bool) -> Callable[[ValueReader, str, object], Rea
 _steps, _frames = _number("num_inference_steps", whole=True), _number("num_frames", whole=True)
 _guidance, _strength = _number("guidance_scale", whole=False), _number("strength", whole=False)
 _whole_seed = _number("seed", whole=True)
+_step_cache = _number("step_cache", whole=False)
 
 
 def _seed(reader: ValueReader, field: str, raw: object) -> Reading | None:
@@ -192,6 +193,7 @@ VALUE_OF_PORT: dict[str, Callable[[ValueReader, str, object], Reading | None]] =
     PortType.MODEL: _model,
     PortType.STRENGTH: _strength,
     PortType.LORA_SCALE: _lora_scale,
+    PortType.STEP_CACHE: _step_cache,
 }
 
 
