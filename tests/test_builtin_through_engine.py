@@ -24,7 +24,7 @@ def test_the_builtin_model_is_the_default_and_its_serving_defaults_apply(pipelin
     defaults = pipeline.info.defaults
     assert (defaults.width, defaults.height, defaults.num_inference_steps) == (64, 64, 20)
     assert defaults.guidance_scale > 1 and defaults.negative_prompt == ""  # true CFG is the default
-    assert defaults.step_cache == 0.2 and pipeline.step_cache.rule == "teacache"  # docs/benchmarks.md#step-caching
+    assert defaults.step_cache == 0.1 and pipeline.step_cache.rule == "teacache"  # docs/benchmarks.md#step-caching
     assert pipeline.max_sequence_length == 16
     assert len(defaults.example_prompts) >= 4
     assert pipeline.unknown_words("A large RED hexagon on a blue background") == ["hexagon"]

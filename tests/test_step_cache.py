@@ -14,10 +14,11 @@ import threading
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from engine import Completed, Engine, GenerationParams, ServingLimits
 from pipelines.errors import ParamError
-from pipelines.interface import Batch, RequestState
+from pipelines.interface import Batch, ModelDefaults, RequestState, resolve_defaults
 from pipelines.loader import load_pipeline
 from pipelines.lora_files import BUILTIN_LORA_DIR
 from pipelines.lora_request import LoraUse
@@ -233,3 +234,13 @@ def test_a_model_without_step_caching_refuses_a_threshold_but_takes_zero():
         engine.prepare_params(GenerationParams(prompt="a red circle", step_cache=0.1))
     assert error.value.field == "step_cache"
     assert engine.prepare_params(GenerationParams(prompt="a red circle", step_cache=0)).step_cache == 0
+
+
+def test_the_models_default_threshold_is_for_requests_from_noise_a_picture_asks_for_its_own():
+    defaults = ModelDefaults(64, 64, 20, 3.0, step_cache=0.1)
+    picture = Image.new("RGB", (64, 64), (40, 80, 200))
+    assert resolve_defaults(GenerationParams(prompt="a circle"), defaults).step_cache == 0.1
+    assert resolve_defaults(GenerationParams(prompt="a circle", init_image=picture), defaults).step_cache == 0.0
+    asked = GenerationParams(prompt="a circle", init_image=picture, step_cache=0.3)
+    assert resolve_defaults(asked, defaults).step_cache == 0.3
+    assert resolve_defaults(GenerationParams(prompt="a circle", step_cache=0.0), defaults).step_cache == 0.0

@@ -6,11 +6,13 @@ threshold is refused naming the field."""
 
 from __future__ import annotations
 
+import io
 import threading
 
 import httpx
 import openai
 import pytest
+from PIL import Image
 
 from pipelines.loader import load_pipeline
 from tests.engine_helpers import spy_on_submits
@@ -18,7 +20,7 @@ from tests.studio_helpers import connect, live_studio
 
 PROMPT = "a large red circle on a blue background, left"
 THRESHOLD = 0.3  # the built-in model skips most of its 20 steps at this threshold
-DEFAULT = 0.2  # assets/shapes-flux/stepstudio.json's step_cache
+DEFAULT = 0.1  # assets/shapes-flux/stepstudio.json's step_cache
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +70,18 @@ def test_the_openai_client_sends_a_threshold_and_each_image_says_its_skips(api, 
     plain = api.images.generate(model="shapes-flux", prompt=PROMPT, size="64x64", response_format="b64_json",
                                 extra_body={"seed": 9, "step_cache": 0})
     assert plain.data[0].model_extra["skipped_steps"] == 0
+
+
+def test_a_redraw_of_a_picture_runs_every_step_unless_it_asks_for_caching(api, submitted):
+    # docs/benchmarks.md#step-caching: caching lowered how often a light redraw takes its prompt's colour.
+    picture = io.BytesIO()
+    Image.new("RGB", (64, 64), (40, 80, 200)).save(picture, format="PNG")
+    edit = dict(model="shapes-flux", prompt=PROMPT, size="64x64", response_format="b64_json")
+    plain = api.images.edit(image=("blue.png", picture.getvalue(), "image/png"), **edit, extra_body={"seed": 4})
+    asked = api.images.edit(image=("blue.png", picture.getvalue(), "image/png"), **edit,
+                            extra_body={"seed": 4, "step_cache": THRESHOLD})
+    assert [params.step_cache for params in submitted] == [None, THRESHOLD]  # the first: the model's default
+    assert plain.data[0].model_extra["skipped_steps"] == 0 and asked.data[0].model_extra["skipped_steps"] > 0
 
 
 @pytest.mark.parametrize("value", [-1, 2, "a lot"])
