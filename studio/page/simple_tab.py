@@ -267,6 +267,7 @@ def with_lora_tag(prompt: str, name: str | None) -> tuple[str, None]:
 
 # ---------------------------------------------------------------------------- wiring
 _NOTHING = object()
+CHANGED, NONE, ALL = "changed", "none", "all"  # what of a tab's finished results an update sends
 
 
 def is_new(sent: dict, key: str, value) -> bool:
@@ -286,18 +287,23 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
     (at most once per refresh period, and in a run's last one)."""
     engine, config = runner.engine, runner.config
 
-    def tab_outputs(session: str, sent: dict | None = None, final: bool = True) -> dict:
+    def tab_outputs(session: str, sent: dict | None = None, final: bool = True, finished_part: str = CHANGED) -> dict:
         """The tab's queue rows, live views, preview and results. `sent`: what this update's stream
         sent before (updated here); a preview, result or gallery it already sent is left out, so
         each picture is encoded and sent once. `final`: the last update of a run, or a click (the
-        live views then come at once, not at their refresh pace). Encodes: call it in a worker thread."""
+        live views then come at once, not at their refresh pace). `finished_part`: the gallery and
+        newest result when they changed (CHANGED), not at all (NONE: another stream of the tab
+        ends later and sends them), or whatever was sent before (ALL: the tab's last stream ends).
+        Encodes: call it in a worker thread."""
         sent = {} if sent is None else sent
         runs = runner.registry.runs_of(session)
         previewing = latest_preview(runs)
         preview = None if previewing is None else previewing.preview
         finished = results.of(session)
         outputs = {panel.queue: render_tab_queue(runs), **live.render(session, final=final)}
-        if is_new(sent, "gallery", tuple(part for item in finished for part in item)):
+        if finished_part == ALL:  # sent again even if this stream sent it: others may have sent older ones since
+            sent.pop("gallery", None), sent.pop("newest", None)
+        if finished_part != NONE and is_new(sent, "gallery", tuple(part for item in finished for part in item)):
             outputs[panel.gallery] = finished
         if preview is not None and is_new(sent, "preview", preview):
             if isinstance(preview, (list, tuple)) and preview:  # a video's frames, looping
@@ -305,7 +311,7 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
                 outputs[panel.animation] = f'<img class="ss-animation" src="{data_url(gif, "image/gif")}" alt="live preview">'
             elif not isinstance(preview, (list, tuple)):
                 outputs[panel.preview] = preview_image(preview, config.preview_max_px)
-        if finished and is_new(sent, "newest", finished[0][0]):
+        if finished and finished_part != NONE and is_new(sent, "newest", finished[0][0]):
             newest = finished[0][0]
             outputs[panel.video if isinstance(newest, str) else panel.image] = newest
         return outputs
@@ -331,18 +337,28 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
         recorded: set[int] = set()
         sent: dict = {}
         first = True
-        async for view in runner.follow(run, owner):
-            for branch in view.branches:
-                if branch.result is not None and branch.branch.index not in recorded:
-                    recorded.add(branch.branch.index)
-                    # A video's MP4 is encoded in a worker thread: the event loop keeps serving.
-                    media = await asyncio.to_thread(final_media, branch.result, fps=runner.fps_of(branch.params))
-                    results.add(session, (run.sequence, branch.branch.index), media, settings_caption(branch.result))
-            outputs = await asyncio.to_thread(tab_outputs, session, sent, view.is_final)
-            if first:
-                first = False
-                outputs[form.seed] = view.branches[0].params.seed  # written back, so it can be reused
-            yield outputs
+        results.stream_started(session)
+        ended = False
+        try:
+            async for view in runner.follow(run, owner):
+                for branch in view.branches:
+                    if branch.result is not None and branch.branch.index not in recorded:
+                        recorded.add(branch.branch.index)
+                        # A video's MP4 is encoded in a worker thread: the event loop keeps serving.
+                        media = await asyncio.to_thread(final_media, branch.result, fps=runner.fps_of(branch.params))
+                        results.add(session, (run.sequence, branch.branch.index), media, settings_caption(branch.result))
+                finished_part = CHANGED
+                if view.is_final:
+                    ended = True
+                    finished_part = ALL if results.stream_ended(session) else NONE
+                outputs = await asyncio.to_thread(tab_outputs, session, sent, view.is_final, finished_part)
+                if first:
+                    first = False
+                    outputs[form.seed] = view.branches[0].params.seed  # written back, so it can be reused
+                yield outputs
+        finally:
+            if not ended:  # the page went away, or the run failed: the tab's other streams go on
+                results.stream_ended(session)
         failed = [b for b in view.branches if b.state == "failed"]
         if failed:
             raise user_error(failed[0].message, "Generation failed")

@@ -114,6 +114,7 @@ class TabResults:
 
     def __init__(self, per_tab: int = RESULTS_PER_TAB, tabs: int = TABS_KEPT) -> None:
         self._results: OrderedDict[str, list] = OrderedDict()
+        self._following: dict[str, int] = {}  # a tab's Generate streams still following their runs
         self._per_tab, self._tabs = per_tab, tabs
         self._lock = threading.Lock()
 
@@ -135,3 +136,22 @@ class TabResults:
     def forget(self, session_id: str) -> None:
         with self._lock:
             self._results.pop(session_id, None)
+
+    # Several Generate streams of one tab run at once, and their updates reach the page in no
+    # fixed order: an earlier stream's last update, made before a later request's result was
+    # added, may arrive after the later stream's. So the gallery a tab ends with is sent by the
+    # stream that ends last, after every other stream of the tab added its results.
+    def stream_started(self, session_id: str) -> None:
+        with self._lock:
+            self._following[session_id] = self._following.get(session_id, 0) + 1
+
+    def stream_ended(self, session_id: str) -> bool:
+        """One of the tab's streams ended (call once per stream_started); True when it was the last
+        one still following: its last update carries the tab's whole gallery."""
+        with self._lock:
+            left = self._following.get(session_id, 0) - 1
+            if left > 0:
+                self._following[session_id] = left
+                return False
+            self._following.pop(session_id, None)
+            return True
