@@ -39,8 +39,8 @@ def browser():
 
 def wait_for_history_token(page, timeout_ms: float = 120_000) -> None:
     """Until the page holds its browser's History token (its first load event answered with it):
-    a request sent before then is filed under the tab's session, not the browser, so a reloaded
-    page's History or a restart's notice would not find it."""
+    a request sent before then waits for its tab's token on the server (studio.page.tab_tokens),
+    so tests that time their requests start from a page that has it."""
     page.wait_for_function(f"() => !!localStorage.getItem({BROWSER_STORAGE_KEY!r})", timeout=timeout_ms)
 
 

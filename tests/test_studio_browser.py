@@ -7,7 +7,9 @@ Screenshots land in test-artifacts/ for a human to look at.
 
 from __future__ import annotations
 
+import json
 import threading
+import urllib.request
 
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ from tests.browser_helpers import (  # noqa: F401 (browser: a fixture)
     sync_api,
     wait_for_history_token,
 )
+from studio.page.ui import BROWSER_STORAGE_KEY
 from tests.engine_helpers import StepGate, spy_on_cancels, spy_on_submits
 from tests.studio_helpers import live_studio, wait_for
 
@@ -313,6 +316,56 @@ def test_history_survives_a_reload_and_its_settings_fill_the_form(open_page, bro
         stranger.wait_for_function(
             "document.querySelector('#ss-history-details textarea').value.startsWith(\"a stranger's own result\")")
         assert stranger.locator("#ss-history img").count() == 1
+    finally:
+        context.close()
+
+
+def _dependency_index(url: str, api_name: str) -> int:
+    with urllib.request.urlopen(url + "config") as answer:
+        dependencies = json.load(answer)["dependencies"]
+    (index,) = [i for i, dependency in enumerate(dependencies) if dependency.get("api_name") == api_name]
+    return index
+
+
+def test_a_click_before_a_first_visit_keeps_its_token_still_joins_that_browsers_history(studio, browser):
+    # A new browser's token comes with the page's load event; here that event's request is held
+    # back until the Generate pressed before it has been sent, so the click carries no token.
+    url = studio[0].url
+    history_start, generate_click = _dependency_index(url, "ui_history_start"), _dependency_index(url, "ui_generate")
+    held, sent = [], []
+
+    def route_join(route):
+        fn_index = (route.request.post_data_json or {}).get("fn_index")
+        if fn_index == history_start and not sent:
+            held.append(route)
+            return
+        sent.append(fn_index)
+        route.continue_()
+
+    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    try:
+        page = context.new_page()
+        page.route("**/queue/join*", route_join)
+        page.goto(url)
+        page.get_by_role("tab", name="Simple").click()
+        page.wait_for_selector("#ss-generate")
+        # (page.wait_for_timeout lets Playwright run the route handler meanwhile)
+        wait_for(lambda: held or page.wait_for_timeout(50), 120, what="the history start's request to be held")
+        assert page.evaluate(f"localStorage.getItem({BROWSER_STORAGE_KEY!r})") is None
+        page.uncheck("#ss-random-seed input")
+        page.fill("#ss-seed input", "4321")
+        generate(page, "made before the token arrived")
+        wait_for(lambda: generate_click in sent or page.wait_for_timeout(50), 120, what="the Generate's request")
+        held[0].continue_()
+        wait_for_history_token(page)
+        wait_rows(page, "rows.length === 1 && rows[0].state === 'completed'")
+        page.reload()  # a reload finds it through the token the browser kept
+        page.get_by_role("tab", name="History").click()
+        page.wait_for_selector("#ss-history img")
+        page.click("#ss-history img")
+        page.wait_for_function("document.querySelector('#ss-history-details textarea').value.includes('Seed: 4321')")
+        assert page.locator("#ss-history img").count() == 1
+        assert page.input_value("#ss-history-details textarea").startswith("made before the token arrived")
     finally:
         context.close()
 

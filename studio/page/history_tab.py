@@ -30,7 +30,9 @@ from studio.outputs import (
     png_texts,
 )
 from studio.page.simple_tab import GUIDANCE_RANGE, ModelForm, SimpleForm
+from studio.page.tab_tokens import TabTokens
 from studio.server.history_owners import is_legacy_token, legacy_owner_key
+from studio.sessions import session_id_of
 from studio.user_errors import user_error
 from studio.pictures import picture_data_url
 from studio.workflows.format import WorkflowError, parse_workflow
@@ -177,8 +179,9 @@ def _picture(selected: dict | None) -> Image.Image:
 
 def wire_history_tab(engine: EngineClient, store: OutputStore, tab: HistoryTab, page: gr.Tab,
                      browser_token: gr.BrowserState, form: SimpleForm, editor: gr.HTML, tabs: gr.Tabs,
-                     demo: gr.Blocks) -> None:
-    """`page` is the tab that holds it: opening it lists what was made since the last listing."""
+                     demo: gr.Blocks, tab_tokens: TabTokens) -> None:
+    """`page` is the tab that holds it: opening it lists what was made since the last listing.
+    `tab_tokens`: told the token each tab's load issues."""
 
     def listing(token: str) -> dict:
         owner = store.owners.of_browser(token)  # None for a token this server did not sign
@@ -186,8 +189,9 @@ def wire_history_tab(engine: EngineClient, store: OutputStore, tab: HistoryTab, 
         return {tab.gallery: [(gallery_file(item), history_caption(item.settings)) for item in items],
                 tab.items: [item.__dict__ for item in items]}
 
-    def start(token: str) -> dict:
+    def start(token: str, request: gr.Request) -> dict:
         token = fresh_token(store, token)
+        tab_tokens.issued(session_id_of(request), store.owners.of_browser(token))  # for its clicks before it keeps it
         return {browser_token: token, **listing(token)}
 
     def shown(path: str | None = None, video: str | None = None) -> dict:

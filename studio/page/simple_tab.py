@@ -325,7 +325,7 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
         raw["frames"] = raw["frames"] if look.makes_video else None
         if look.sizes and isinstance(raw["size"], str) and "x" in raw["size"]:  # the card's size, not the sliders
             raw["width"], raw["height"] = raw["size"].split("x", 1)
-        owner = runner.owner_for(values[browser_token], session)
+        owner = await runner.page_owner(values[browser_token], session)
 
         def start():  # encodes and decodes the picture: in a worker thread
             return runner.start(form_workflow(raw, look.uses_negative_prompt, seed_start(raw)), session, owner)

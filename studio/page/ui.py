@@ -232,7 +232,8 @@ def build_ui(engine: EngineClient, config: StudioOptions, store: OutputStore | N
         views = _build_live_views(engine, config, resumed, runner.registry)
         wire_workflow_tab(runner, workflow_tab, browser_token, views)
         wire_simple_tab(runner, results, form, panel, browser_token, views)
-        wire_history_tab(engine, store, history, history_page, browser_token, form, workflow_tab.editor, tabs, demo)
+        wire_history_tab(engine, store, history, history_page, browser_token, form, workflow_tab.editor, tabs, demo,
+                         runner.tab_tokens)
         _wire_live_views(views)
         wire_restart_banner(banner, resumed, store.owners, runner.registry, browser_token, demo)
         wire_api_endpoints(engine, config, store, durable, resumed)

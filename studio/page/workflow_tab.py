@@ -18,7 +18,7 @@ import json
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import gradio as gr
@@ -37,6 +37,7 @@ from studio.page.run_state import (
     invalid_state,
     path_of,
 )
+from studio.page.tab_tokens import TabTokens
 from studio.server.server_compat import event_payload
 from studio.server.temp_files import TempFolder
 from studio.sessions import session_id_of
@@ -156,6 +157,7 @@ class WorkflowRunner:
     config: StudioOptions
     registry: RunRegistry
     outputs: OutputStore | None = None
+    tab_tokens: TabTokens = field(default_factory=TabTokens)  # each page tab's History owner
 
     def fps_of(self, params: GenerationParams) -> int:
         """Frames per second of a request's video: its own model's (not the default model's)."""
@@ -165,6 +167,14 @@ class WorkflowRunner:
         """Whose history a result joins: the browser's, when this server signed its token (it
         survives reloads), else the engine session's (API callers). See studio.server.history_owners."""
         return "" if self.outputs is None else self.outputs.owners.of(browser_token, session_id)
+
+    async def page_owner(self, browser_token: object, session_id: str) -> str:
+        """owner_for a page tab's request: without a signed token (a first visit's click before the
+        browser kept the token its load is issuing), the browser's all the same (studio.page.tab_tokens)."""
+        if self.outputs is None:
+            return ""
+        return self.outputs.owners.of_browser(browser_token) or await self.tab_tokens.owner_without_token(
+            session_id, self.outputs.owners)
 
     def start(self, source: object, session_id: str, owner: str | None = None,
               **resume) -> tuple[WorkflowRun, CompiledWorkflow]:
@@ -179,12 +189,12 @@ class WorkflowRunner:
         run = WorkflowRun(self.engine, compiled, session_id, self.config.preview_every, **resume)
         return run, compiled
 
-    async def start_for(self, source: object, request: gr.Request, browser_token: object = None
+    async def start_for(self, source: object, request: gr.Request, page_token: object = None, from_page: bool = False
                         ) -> tuple[WorkflowRun, CompiledWorkflow, str]:
         """`start` for a Gradio caller, in a worker thread: (run, compiled, the owner its results are
-        saved for). Raises WorkflowError."""
+        saved for). `from_page`: the editor's Run, with the browser's History token. Raises WorkflowError."""
         session = session_id_of(request)
-        owner = self.owner_for(browser_token, session)
+        owner = await self.page_owner(page_token, session) if from_page else self.owner_for(None, session)
         run, compiled = await asyncio.to_thread(self.start, source, session, owner)
         return run, compiled, owner
 
@@ -336,7 +346,7 @@ def wire_workflow_tab(runner: WorkflowRunner, tab: WorkflowTab, browser_token: g
         gallery = ResultsGallery(runner.fps_of)
         session = session_id_of(request)
         try:
-            started, compiled, owner = await runner.start_for(workflow, request, token)
+            started, compiled, owner = await runner.start_for(workflow, request, token, from_page=True)
         except WorkflowError as exc:
             yield {tab.editor: gr.update(run_state=invalid_state(exc))}
             raise user_error(str(exc), "Workflow not run") from None
