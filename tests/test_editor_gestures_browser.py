@@ -421,7 +421,8 @@ def test_the_minimap_shows_every_node_and_a_click_brings_that_place_to_the_middl
 
 
 # ---------------------------------------------------------------------------- keyboard
-def test_ctrl_enter_runs_and_ctrl_alt_enter_cancels_but_not_from_a_text_field(page, studio, monkeypatch):
+def test_ctrl_enter_runs_and_ctrl_alt_enter_cancels_even_from_a_prompt_while_other_keys_stay_the_fields(
+        page, studio, monkeypatch):
     engine = studio[1]
     submitted, cancels = spy_on_submits(engine, monkeypatch), spy_on_cancels(engine, monkeypatch)
     workflow = {"version": 1, "nodes": [
@@ -433,9 +434,9 @@ def test_ctrl_enter_runs_and_ctrl_alt_enter_cancels_but_not_from_a_text_field(pa
         "groups": [{"title": "Inputs", "position": [20, 0], "size": [260, 420]}]}
     open_workflow(page, workflow)
     (prompt,) = node_ids(page, "prompt")
-    # Keys typed into a node's field are the field's.
+    # Keys typed into a node's field are the field's (but Run and Cancel, below).
     page.click(f"#node-{prompt} textarea")
-    for keys in ("Control+Enter", "Delete", "Control+a", "Control+d"):
+    for keys in ("Delete", "Control+a", "Control+d"):
         press(page, keys)
     assert page.inner_text(".sse-message") != "Submitting…" and submitted == []
     assert len(graph(page)["nodes"]) == 3
@@ -454,10 +455,11 @@ def test_ctrl_enter_runs_and_ctrl_alt_enter_cancels_but_not_from_a_text_field(pa
     gate = StepGate(min_requests=3)  # held while all three branches run: none can finish first
     pipeline.on_forward = gate
     try:
-        page.mouse.click(*client(page, 700, 600))  # on the canvas, away from any field
+        page.click(f"#node-{prompt} textarea")  # as in ComfyUI, Ctrl+Enter in a prompt runs the graph
         press(page, "Control+Enter")
         wait_for(lambda: len(submitted) == 3, timeout_s=30, what="the run's three branches to reach the engine")
         assert sorted(params.seed for params in submitted) == [5, 6, 7]
+        assert "\n" not in page.input_value(f"#node-{prompt} textarea")  # the key ran the graph, typed nothing
         gate.wait()
         page.wait_for_selector(".sse-root[data-run-state='running']")  # the page knows its run
         press(page, "Control+Alt+Enter")

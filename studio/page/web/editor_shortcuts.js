@@ -1,16 +1,18 @@
 /* The editor's keyboard shortcuts (a part of studio/page/web/node_editor.js), all in one table.
  *
- * None of them fires while a key goes into a text field (a node's prompt, the search box, a
- * group's title), while the editor is hidden (another tab of the page), or while the mask painter
- * is open. Ctrl+Alt+Enter cancels as in ComfyUI: Ctrl+Shift+Enter there means "run first".
+ * None of them fires while the editor is hidden (another tab of the page) or while the mask
+ * painter is open, and none but Run and Cancel while a key goes into a text field (a node's
+ * prompt, the search box, a group's title): as in ComfyUI, Ctrl+Enter in a prompt runs the graph,
+ * while Ctrl+A, Ctrl+C, Delete... stay the field's. Ctrl+Alt+Enter cancels as in ComfyUI:
+ * Ctrl+Shift+Enter there means "run first".
  */
 (function () {
   "use strict";
 
   // [key, ctrl, shift, alt, what it does]; ctrl is Ctrl or Cmd; null: either.
   const SHORTCUTS = [
-    ["enter", true, false, false, (e) => e.run()],
-    ["enter", true, null, true, (e) => e.cancelRun()],
+    ["enter", true, false, false, (e) => e.run(), { inFields: true }],
+    ["enter", true, null, true, (e) => e.cancelRun(), { inFields: true }],
     ["z", true, false, false, (e) => e.undo()],
     ["z", true, true, false, (e) => e.redo()],
     ["y", true, false, false, (e) => e.redo()],
@@ -34,10 +36,12 @@
   (window.StepStudioEditorParts = window.StepStudioEditorParts || []).push((editor, kit) => {
     window.addEventListener("keydown", (event) => {
       const shown = editor.root.isConnected && editor.root.getClientRects().length > 0;
-      if (!shown || kit.typing(event) || editor.root.querySelector(".sse-paint-overlay")) return;
+      if (!shown || editor.root.querySelector(".sse-paint-overlay")) return;
       const shortcut = SHORTCUTS.find((s) => matches(s, event));
       if (!shortcut) return;
-      if (!(shortcut[5] || {}).keepDefault) event.preventDefault();
+      const options = shortcut[5] || {};
+      if (kit.typing(event) && !(options.inFields && editor.root.contains(event.target))) return;
+      if (!options.keepDefault) event.preventDefault();
       shortcut[4](editor);
     }, true); // before drawflow's own Delete on its canvas: one removal, one undo entry
   });
