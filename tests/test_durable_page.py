@@ -85,6 +85,11 @@ def test_a_returning_browser_is_told_what_was_resumed_and_finds_every_result(bro
             # The resumed request runs in the session of the tab that is gone; this tab adopted it: "you".
             mine = page.locator("#ss-queue tr.ss-mine")
             mine.filter(has_text="resumed after restart").first.wait_for()
+            # ... and the Simple tab's own queue lists the batch: 3 requests to run again, and the one
+            # that had finished before the stop.
+            tab_states = "[...document.querySelectorAll('#ss-tab-queue .ss-job')].map(el => el.dataset.state)"
+            page.wait_for_function(f"{tab_states}.length === 4", timeout=60_000)
+            assert page.evaluate(tab_states) == ["completed", "queued", "waiting", "waiting"]  # nothing runs yet
             page.click("#ss-pause-queue")
             page.locator("#ss-queue-note").filter(has_text="Your queue is paused").wait_for()
             resumed = httpx.post(url + "v1/admin/resume", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, json={})
@@ -95,6 +100,7 @@ def test_a_returning_browser_is_told_what_was_resumed_and_finds_every_result(bro
             shot(page, "browser-restart-paused")
             page.click("#ss-resume-queue")
             wait_until(lambda: count(database, "workflow_runs") == 0, timeout=300, what="the resumed batch")
+            page.wait_for_function(f"{tab_states}.filter(state => state === 'completed').length === 4", timeout=60_000)
             page.get_by_role("tab", name="History").click()
             page.wait_for_function("document.querySelectorAll('#ss-history img').length === 4", timeout=120_000)
             shot(page, "browser-restart-banner")

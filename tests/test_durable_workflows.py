@@ -128,7 +128,11 @@ def test_a_returning_tab_adopts_the_sessions_of_its_resumed_work_and_acts_for_th
     registry.adopt("ui:new-tab", report.sessions_by_owner["a" * 32] | {"ui:new-tab"})
     assert registry.sessions_of("ui:new-tab") == ("ui:new-tab", "ui:gone-tab", "ui:other-gone-tab")
     assert [run.run_id for run in registry.runs_of("ui:new-tab")] == ["resumed"]
+    (adopted,) = registry.runs_of_adopted("ui:new-tab")  # what the Simple tab's queue follows
+    assert adopted.run_id == "resumed" and registry.is_live(adopted)
     assert registry.own("resumed", "ui:new-tab").run_id == "resumed"
     assert registry.cancel_session("ui:new-tab") == 1 and cancelled == ["resumed"]  # never the stranger's
+    registry.finished(adopted)
+    assert not registry.is_live(adopted) and registry.runs_of_adopted("ui:new-tab") == [adopted]  # listed, ended
     registry.release("ui:new-tab")  # the tab closed
-    assert registry.sessions_of("ui:new-tab") == ("ui:new-tab",)
+    assert registry.sessions_of("ui:new-tab") == ("ui:new-tab",) and registry.runs_of_adopted("ui:new-tab") == []

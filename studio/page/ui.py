@@ -235,7 +235,8 @@ def build_ui(engine: EngineClient, config: StudioOptions, store: OutputStore | N
         wire_history_tab(engine, store, history, history_page, browser_token, form, workflow_tab.editor, tabs, demo,
                          runner.tab_tokens)
         _wire_live_views(views)
-        wire_restart_banner(banner, resumed, store.owners, runner.registry, browser_token, demo)
+        wire_restart_banner(banner, resumed, store.owners, runner.registry, browser_token, demo, panel.queue,
+                            config.queue_refresh_s)
         wire_api_endpoints(engine, config, store, durable, resumed)
         wire_workflow_api(runner)
 

@@ -57,6 +57,17 @@ class RunRegistry:
             for old in ended[: max(0, len(ended) - self._keep_finished)]:
                 del self._runs[old.run_id]
 
+    def runs_of_adopted(self, session_id: str) -> list[WorkflowRun]:
+        """The runs of the sessions `session_id` adopted (not its own), oldest first."""
+        adopted = self.sessions_of(session_id)[1:]
+        with self._lock:
+            return [run for run in self._runs.values() if run.session_id in adopted]
+
+    def is_live(self, run: WorkflowRun) -> bool:
+        """Whether the run has not ended yet."""
+        with self._lock:
+            return run.run_id in self._live
+
     def runs_of(self, session_id: str) -> list[WorkflowRun]:
         """The session's runs (and its adopted sessions'), oldest first: live ones and the last few ended ones."""
         sessions = self.sessions_of(session_id)
