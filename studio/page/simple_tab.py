@@ -373,10 +373,10 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
         event(generate, inputs=inputs, outputs=outputs, concurrency_limit=None, trigger_mode="multiple",
               api_name=name, api_visibility="private", show_progress="hidden")
 
-    def cancel_all(request: gr.Request) -> dict:
-        session = session_id_of(request)
-        runner.registry.cancel_session(session)
-        return tab_outputs(session)
+    def cancel_all(request: gr.Request) -> None:
+        """Cancels at the next step boundary; the rows say "aborted" in their runs' own next updates.
+        (An answer drawn now would show them still running, and could reach the page after those.)"""
+        runner.registry.cancel_session(session_id_of(request))
 
     def cancel_one(event: gr.EventData, request: gr.Request) -> None:
         """A row's × (cancel) or ⤒ (move to the front of the tab's queue)."""
@@ -386,8 +386,7 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
 
     wire_queue_controls(engine, runner.registry, panel.controls, "simple")
 
-    form.cancel.click(cancel_all, outputs=[panel.queue, *media, panel.gallery, *live.components],
-                      queue=False,
+    form.cancel.click(cancel_all, queue=False,
                       api_name="ui_cancel", api_visibility="private", show_progress="hidden")
     panel.queue.stop(cancel_one, queue=False, api_name="ui_cancel_one", api_visibility="private",
                      show_progress="hidden")
