@@ -313,6 +313,30 @@ def test_a_group_moves_the_nodes_inside_it_and_is_kept_in_the_workflow(page, stu
     assert layout(page) == moved_out
 
 
+def test_a_copy_takes_along_the_groups_that_hold_only_copied_nodes(page):
+    frame = {"title": "Axes", "position": [20, 296], "size": [320, 520], "color": "#2563eb"}  # around both Sweeps
+    open_workflow(page, {**XY, "groups": [frame]})
+    first, second = node_ids(page, "sweep")
+    page.click(f"#node-{first} .sse-title-text")
+    page.click(f"#node-{second} .sse-title-text", modifiers=["Shift"])
+    press(page, "Control+c")
+    page.mouse.move(*client(page, 400, 900))
+    press(page, "Control+v")
+    page.wait_for_function(f"() => {EDITOR}.toWorkflow().nodes.length == 9")
+    # The group came along, as far from its nodes as the original (the Sweeps' top-left moved from 40,330 to 400,900).
+    assert graph(page)["groups"] == [frame, {**frame, "position": [20 + 360, 296 + 570]}]
+    press(page, "Control+z")  # nodes and group: one undo entry
+    assert len(graph(page)["nodes"]) == 7 and graph(page)["groups"] == [frame]
+    # One of the two Sweeps only: the group holds a node not copied, so it stays behind.
+    first = node_ids(page, "sweep")[0]  # (an undo draws the nodes anew)
+    page.click(f"#node-{first} .sse-title-text")
+    press(page, "Control+c")
+    page.mouse.move(*client(page, 400, 900))
+    press(page, "Control+v")
+    page.wait_for_function(f"() => {EDITOR}.toWorkflow().nodes.length == 8")
+    assert graph(page)["groups"] == [frame]
+
+
 # ---------------------------------------------------------------------------- bypass
 def test_bypass_from_the_menu_and_ctrl_b_is_kept_in_the_workflow_undone_and_run_through(page, studio, monkeypatch):
     open_workflow(page, XY)

@@ -1,9 +1,9 @@
 /* Copy, paste and duplicate (a part of studio/page/web/node_editor.js).
  *
- * What is copied is a piece of workflow JSON: the selected nodes (values, colours, bypass, positions) and
- * the links between them. It goes to the browser's storage, which every tab of this studio shares,
- * and to the system clipboard through the page's copy event, so Ctrl+V pastes it in this tab,
- * another tab, or another browser. A paste lands where the mouse is (else next to the originals),
+ * What is copied is a piece of workflow JSON: the selected nodes (values, colours, bypass,
+ * positions), the links between them, and the groups that hold copied nodes only. It goes to the
+ * browser's storage, which every tab of this studio shares, and to the system clipboard through the
+ * page's copy event, so Ctrl+V pastes it in this tab, another tab, or another browser. A paste lands where the mouse is (else next to the originals),
  * and the pasted nodes end up selected, ready to be moved together.
  */
 (function () {
@@ -29,7 +29,8 @@
       const workflow = this.editor.toWorkflow();
       const nodes = workflow.nodes.filter((n) => wanted.has(n.id));
       const links = workflow.links.filter((l) => wanted.has(l.from.node) && wanted.has(l.to.node));
-      return { kind: KIND, version: 1, nodes, links };
+      const groups = this.editor.groups ? this.editor.groups.heldBy(ids) : [];
+      return { kind: KIND, version: 1, nodes, links, groups };
     }
 
     parse(text) {
@@ -59,6 +60,10 @@
         const out = editor.types[editor.nodeData(from).name].outputs.findIndex((p) => p.name === link.from.port);
         const inp = editor.types[editor.nodeData(to).name].inputs.findIndex((p) => p.name === link.to.port);
         if (out >= 0 && inp >= 0) editor.df.addConnection(from, to, "output_" + (out + 1), "input_" + (inp + 1));
+      }
+      if (editor.groups && Object.keys(ids).length) {
+        for (const g of fragment.groups || []) editor.groups.fromJson(g, dx, dy); // moved with the nodes
+        editor.changed(); // one undo entry with the nodes
       }
       const added = Object.values(ids).map(String);
       if (editor.selection) editor.selection.set(added);

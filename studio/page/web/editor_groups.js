@@ -19,10 +19,7 @@
       this.items = [];
       editor.on("saving", (workflow) => {
         if (!this.items.length) return;
-        workflow.groups = this.items.map((g) => ({
-          title: g.title, position: [Math.round(g.x), Math.round(g.y)], size: [Math.round(g.w), Math.round(g.h)],
-          ...(g.color ? { color: g.color } : {}),
-        }));
+        workflow.groups = this.items.map((g) => this.toJson(g));
       });
       editor.on("loaded", (workflow) => this.setAll(Array.isArray(workflow.groups) ? workflow.groups : []));
     }
@@ -31,10 +28,18 @@
     setAll(groups) {
       for (const group of this.items) group.el.remove();
       this.items = [];
-      for (const g of groups) {
-        const [x, y] = g.position || [0, 0], [w, h] = g.size || [0, 0];
-        if ([x, y, w, h].every(Number.isFinite) && w > 0 && h > 0) this.make({ title: String(g.title || ""), x, y, w, h, color: g.color || null });
-      }
+      for (const g of groups) this.fromJson(g);
+    }
+
+    toJson(g) {
+      return { title: g.title, position: [Math.round(g.x), Math.round(g.y)], size: [Math.round(g.w), Math.round(g.h)],
+               ...(g.color ? { color: g.color } : {}) };
+    }
+
+    fromJson(g, dx = 0, dy = 0) {
+      // A group from the workflow JSON (shifted by dx, dy: a pasted one); one with a bad frame is left out.
+      const [x, y] = g.position || [0, 0], [w, h] = g.size || [0, 0];
+      if ([x, y, w, h].every(Number.isFinite) && w > 0 && h > 0) this.make({ title: String(g.title || ""), x: x + dx, y: y + dy, w, h, color: g.color || null });
     }
 
     make(group) {
@@ -95,6 +100,16 @@
     inside(group) {
       return Object.keys(this.editor.df.drawflow.drawflow.Home.data).map((id) => this.nodeBox(id)).filter((b) =>
         b && b.x >= group.x && b.y >= group.y && b.x + b.w <= group.x + group.w && b.y + b.h <= group.y + group.h);
+    }
+
+    heldBy(ids) {
+      // The groups a copy of these nodes takes along: those holding at least one node, all of them
+      // copied (as JSON: title, position, size, colour).
+      const copied = new Set(ids.map(String));
+      return this.items.filter((g) => {
+        const held = this.inside(g);
+        return held.length > 0 && held.every((b) => copied.has(b.id));
+      }).map((g) => this.toJson(g));
     }
 
     drag(event, group, how) {
