@@ -21,12 +21,8 @@ it is made, not at its first request.
 
 This class owns the rest, once for every family: loading, the constructor, the prompt cache,
 per-request scheduler set-up (a deep copy of a pristine template), the CFG row layout and
-combine, the scheduler step, and the predicted x0 kept for previews; and for image-started
-requests diffusers' img2img/inpaint logic once: `get_timesteps` (the last steps of the
-schedule, from `start_step`), the initial latents = the image noised to the first of them,
-and after every step the inpaint blend of the unmasked part (diffusers' inpaint pipelines
-with a text-to-image denoiser: FluxInpaintPipeline, StableDiffusionInpaintPipeline on a
-4-channel UNet).
+combine, the scheduler step, and the predicted x0 kept for previews; and, in
+pipelines/image_start.py, diffusers' img2img/inpaint logic once for image-started requests.
 """
 
 from __future__ import annotations
@@ -43,17 +39,16 @@ from typing import Any, Sequence
 import torch
 from PIL import Image
 
-from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
-
 from pipelines.attention import select_attention_backend
 from pipelines.cfg import CfgLayout, Row, linear_guidance
 from pipelines.diffusers_api import check_relied_on
 from pipelines.image_encoding import ImageEncodingCache
+from pipelines.image_start import ImageStart
 from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.lora_adapters import read_adapter
 from pipelines.lora_rows import RowLoras
-from pipelines.params import GenerationParams, start_step
+from pipelines.params import GenerationParams
 from pipelines.prompt_cache import AdaptedText, BatchedPromptEncoder, PromptEmbeddingCache, PromptKey
 from pipelines.step_cache import BlockStack, RowStepCache, StepCacheState, step_caching
 from pipelines.studio_config import StudioConfig, read_studio_config
@@ -104,7 +99,7 @@ def text_length(studio: StudioConfig, default: int, limit: int, label: str) -> i
     return length
 
 
-class DiffusersStepPipeline(BatchedPromptEncoder):
+class DiffusersStepPipeline(ImageStart, BatchedPromptEncoder):
     """The shared half of every family (see the module docstring)."""
 
     family: str  # PipelineInfo.family
@@ -316,60 +311,6 @@ class DiffusersStepPipeline(BatchedPromptEncoder):
     @abc.abstractmethod
     def _initial_latents(self, state: RequestState) -> torch.Tensor:
         """The request's starting noise, from its own generator."""
-
-    # ------------------------------------------------------------------ starting from an image
-    def encode_images(self, params: Sequence[GenerationParams]) -> None:
-        """The init images of requests joining the same step, VAE-encoded together (per size)."""
-        with torch.no_grad():
-            self.image_cache.encode_many(params)
-
-    def _encode_images(self, images: list[Image.Image], height: int, width: int) -> list[Any]:
-        """ONE VAE encoder call over same-size images: each one's latent distribution."""
-        pixels = self.pipe.image_processor.preprocess(images, height=height, width=width)
-        moments = self.vae.encode(pixels.to(self.device, self.vae.dtype)).latent_dist.parameters
-        return [DiagonalGaussianDistribution(row) for row in moments.split(1)]
-
-    def _latents_from_image(self, state: RequestState) -> torch.Tensor:
-        """The init image's latents noised to the first timestep that runs; with a mask, what
-        the blend after each step needs is kept. The generator draws as diffusers': image, noise."""
-        params, extra = state.params, state.extra
-        image_latents = self._image_latents(state, self.image_cache.encode(params))
-        noise = self._noise(state)
-        if params.mask_image is not None:
-            extra.image_latents, extra.noise, extra.mask = image_latents, noise, self._mask_latents(state)
-        return self._noised_latents(state, image_latents, noise, state.timesteps[:1])
-
-    def _image_latents(self, state: RequestState, encoding: Any) -> torch.Tensor:
-        """The init image's latents in the layout of state.latents, sampled from the request's
-        own generator and normalized as the family's img2img pipeline does."""
-        raise NotImplementedError(f"{type(self).__name__} does not start from an image.")
-
-    def _start_step(self, params: GenerationParams) -> int:
-        """The first step a request from an init image runs (diffusers' `get_timesteps` t_start;
-        SD and SDXL round the other way and override this)."""
-        return start_step(params.num_inference_steps, params.strength)
-
-    def _noise(self, state: RequestState) -> torch.Tensor:
-        """The request's raw noise in the latents' layout (init_noise_sigma 1: the flow families)."""
-        return self._initial_latents(state)
-
-    def _noised_latents(self, state: RequestState, image_latents, noise, timestep: torch.Tensor) -> torch.Tensor:
-        """The image latents noised to `timestep` (shape [1]) by the request's own scheduler."""
-        return state.noise_scheduler.add_noise(image_latents, noise, timestep)
-
-    def _mask_latents(self, state: RequestState) -> torch.Tensor:
-        """The mask in the latents' layout, 1 = repaint, as the family's inpaint pipeline makes it."""
-        raise NotImplementedError(f"{type(self).__name__} does not inpaint.")
-
-    def _inpaint_blend(self, state: RequestState) -> torch.Tensor:
-        """After a step: the unmasked part back to the image, noised to the next timestep (the
-        clean image after the last step), as diffusers' inpaint loops do."""
-        extra = state.extra
-        keep = extra.image_latents
-        if not state.is_denoised:
-            next_timestep = state.timesteps[state.step_index : state.step_index + 1]
-            keep = self._noised_latents(state, keep, extra.noise, next_timestep)
-        return (1 - extra.mask) * keep + extra.mask * state.latents
 
     # ------------------------------------------------------------------ forward
     @torch.no_grad()
