@@ -287,15 +287,14 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
     (at most once per refresh period, and in a run's last one)."""
     engine, config = runner.engine, runner.config
 
-    def tab_outputs(session: str, sent: dict | None = None, final: bool = True, finished_part: str = CHANGED) -> dict:
+    def tab_outputs(session: str, sent: dict, final: bool, finished_part: str) -> dict:
         """The tab's queue rows, live views, preview and results. `sent`: what this update's stream
         sent before (updated here); a preview, result or gallery it already sent is left out, so
-        each picture is encoded and sent once. `final`: the last update of a run, or a click (the
-        live views then come at once, not at their refresh pace). `finished_part`: the gallery and
+        each picture is encoded and sent once. `final`: the last update of a run (the live views
+        then come at once, not at their refresh pace). `finished_part`: the gallery and
         newest result when they changed (CHANGED), not at all (NONE: another stream of the tab
         ends later and sends them), or whatever was sent before (ALL: the tab's last stream ends).
         Encodes: call it in a worker thread."""
-        sent = {} if sent is None else sent
         runs = runner.registry.runs_of(session)
         previewing = latest_preview(runs)
         preview = None if previewing is None else previewing.preview

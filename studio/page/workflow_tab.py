@@ -163,14 +163,14 @@ class WorkflowRunner:
         """Frames per second of a request's video: its own model's (not the default model's)."""
         return model_fps(self.engine.infos[self.engine.models.resolve(params.model)])
 
-    def owner_for(self, browser_token: object, session_id: str) -> str:
-        """Whose history a result joins: the browser's, when this server signed its token (it
-        survives reloads), else the engine session's (API callers). See studio.server.history_owners."""
-        return "" if self.outputs is None else self.outputs.owners.of(browser_token, session_id)
+    def caller_owner(self, session_id: str) -> str:
+        """Whose history an API caller's result joins: its engine session's (studio.server.history_owners)."""
+        return "" if self.outputs is None else self.outputs.owners.of_caller(session_id)
 
     async def page_owner(self, browser_token: object, session_id: str) -> str:
-        """owner_for a page tab's request: without a signed token (a first visit's click before the
-        browser kept the token its load is issuing), the browser's all the same (studio.page.tab_tokens)."""
+        """Whose history a page tab's result joins: the browser's, when this server signed its token
+        (it survives reloads); without one (a first visit's click before the browser kept the token
+        its load is issuing), the browser's all the same (studio.page.tab_tokens)."""
         if self.outputs is None:
             return ""
         return self.outputs.owners.of_browser(browser_token) or await self.tab_tokens.owner_without_token(
@@ -178,8 +178,8 @@ class WorkflowRunner:
 
     def start(self, source: object, session_id: str, owner: str | None = None,
               **resume) -> tuple[WorkflowRun, CompiledWorkflow]:
-        """Raises WorkflowError naming every problem; nothing is submitted then. `owner` (an
-        owner_for's key): whose saved results a Load image may name. `resume`: WorkflowRun's
+        """Raises WorkflowError naming every problem; nothing is submitted then. `owner` (a
+        page_owner's or caller_owner's key): whose saved results a Load image may name. `resume`: WorkflowRun's
         run_id, seeds and ended_before, for a run from before a restart. Decodes pictures and
         checks every branch: call it in a worker thread."""
         pictures = None
@@ -194,14 +194,14 @@ class WorkflowRunner:
         """`start` for a Gradio caller, in a worker thread: (run, compiled, the owner its results are
         saved for). `from_page`: the editor's Run, with the browser's History token. Raises WorkflowError."""
         session = session_id_of(request)
-        owner = await self.page_owner(page_token, session) if from_page else self.owner_for(None, session)
+        owner = await self.page_owner(page_token, session) if from_page else self.caller_owner(session)
         run, compiled = await asyncio.to_thread(self.start, source, session, owner)
         return run, compiled, owner
 
     async def follow(self, run: WorkflowRun, owner: str, workflow: dict | None = None,
                      resumed: bool = False) -> AsyncIterator[RunView]:
-        """The run's views until it ends; each finished branch is saved for `owner` (an
-        owner_for's key), with the workflow JSON when it came from the editor. The run is kept in
+        """The run's views until it ends; each finished branch is saved for `owner` (a
+        page_owner's or caller_owner's key), with the workflow JSON when it came from the editor. The run is kept in
         the durable store until it ends (studio.workflows.journal); `resumed`: it is kept already."""
         self.registry.add(run)
         journal = await asyncio.to_thread(RunJournal.begin, self.outputs, run, owner, workflow is not None, resumed)

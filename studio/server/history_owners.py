@@ -108,11 +108,6 @@ class HistoryOwners:
         """The owner key of an API caller's results (its engine session)."""
         return self._mac("caller", session_id).hex()[:32]
 
-    def of(self, token: object, session_id: str) -> str:
-        """Whose history a result joins: the browser's (a signed token survives reloads), else the
-        caller's session (API callers, or a page whose token this server did not sign)."""
-        return self.of_browser(token) or self.of_caller(session_id)
-
     @property
     def browser_state_secret(self) -> str:
         """The key gr.BrowserState obfuscates the token with in localStorage: fixed across restarts
