@@ -51,13 +51,15 @@ class CfgLayout:
         positives = [Row(s, s.conditioning.positive) for s in states]
         return cls(tuple(states), tuple(negatives + positives), len(negatives))
 
-    def combine(self, prediction: torch.Tensor, guide: Guide = linear_guidance) -> list[torch.Tensor]:
-        """One prediction per request, in batch order, from the forward's output rows."""
-        if len(prediction) != len(self.rows):
-            raise RuntimeError(f"the forward returned {len(prediction)} rows; the CFG layout has {len(self.rows)}.")
-        negatives = iter(prediction[: self.negative_count].split(1))
+    def combine(self, prediction: torch.Tensor | Sequence[torch.Tensor], guide: Guide = linear_guidance) -> list[torch.Tensor]:
+        """One prediction per request, in batch order, from the forward's output rows (stacked, or
+        one tensor per row when the rows differ in size: a packed forward)."""
+        rows = prediction.split(1) if isinstance(prediction, torch.Tensor) else tuple(prediction)
+        if len(rows) != len(self.rows):
+            raise RuntimeError(f"the forward returned {len(rows)} rows; the CFG layout has {len(self.rows)}.")
+        negatives = iter(rows[: self.negative_count])
         results = []
-        for state, positive in zip(self.states, prediction[self.negative_count :].split(1)):
+        for state, positive in zip(self.states, rows[self.negative_count :]):
             conditioning = state.conditioning
             results.append(guide(positive, next(negatives), conditioning.guidance_scale) if conditioning.cfg else positive)
         return results

@@ -50,7 +50,7 @@ from pipelines.lora_adapters import read_adapter
 from pipelines.lora_rows import RowLoras
 from pipelines.params import GenerationParams
 from pipelines.prompt_cache import AdaptedText, BatchedPromptEncoder, PromptEmbeddingCache, PromptKey
-from pipelines.step_cache import BlockStack, RowStepCache, StepCacheState, step_caching
+from pipelines.step_cache import BlockStack, CachedRun, RowStepCache, StepCacheState, cached_requests, step_caching
 from pipelines.studio_config import StudioConfig, read_studio_config
 from pipelines.validation import check_image_params, check_scheduler_name
 
@@ -322,9 +322,24 @@ class DiffusersStepPipeline(ImageStart, BatchedPromptEncoder):
         layout = CfgLayout.of(states)
         # Each row with its request's adapters (both rows of a CFG request), on shared base weights.
         with self.loras.rows([row.state.params.loras for row in layout.rows], self.device, denoiser.dtype):
-            with step_caching(self.step_cache, denoiser, layout, self.loras.only_rows):
-                prediction = self._forward(denoiser, layout.rows)
+            if self._runs_packed(layout.rows):
+                requests = None if self.step_cache is None else cached_requests(layout)
+                run = None if requests is None else self.step_cache.decisions(requests, self.loras.only_rows, id(denoiser))
+                prediction = self._packed_forward(denoiser, layout.rows, run)
+            else:
+                with step_caching(self.step_cache, denoiser, layout, self.loras.only_rows):
+                    prediction = self._forward(denoiser, layout.rows)
         return layout.combine(prediction, self._guide)
+
+    def _runs_packed(self, rows: Sequence[Row]) -> bool:
+        """Whether these rows run as one packed forward (pipelines/packing.py) instead of `_forward`:
+        a family that packs says so when its rows differ in size."""
+        return False
+
+    def _packed_forward(self, denoiser: torch.nn.Module, rows: Sequence[Row], run: CachedRun | None) -> list[torch.Tensor]:
+        """ONE packed forward over rows of different sizes: one prediction per row, in row order;
+        `run` runs the blocks when a request caches steps (pipelines/step_cache.CachedRun)."""
+        raise NotImplementedError(f"{type(self).__name__} does not pack rows of different sizes.")
 
     @abc.abstractmethod
     def _forward(self, denoiser: torch.nn.Module, rows: Sequence[Row]) -> torch.Tensor:

@@ -19,13 +19,17 @@ Guidance, with our one `guidance_scale` knob:
 - the others (FLUX.1-schnell style, and the built-in model) use it as FluxPipeline's
   `true_cfg_scale`: true CFG is on when it is > 1 and the request has a negative prompt.
 
-Co-batching: Flux's `img_ids`/`txt_ids` are shared 2-D tensors, so one forward can't mix
-resolutions or text lengths; the batch key is (height, width, max_sequence_length). Guidance
-scales and CFG are per row, so they are not in the key.
+Co-batching: Flux's `img_ids`/`txt_ids` are shared 2-D tensors, so diffusers' forward can't mix
+resolutions or text lengths. A forward whose rows differ in size runs packed instead
+(pipelines/flux_packed.py: the rows' tokens end to end, attention within each row), so the batch
+key holds no size at all. Where packing can't keep rows apart (another attention backend, custom
+or fused attention processors) the key is (height, width, max_sequence_length), as diffusers'
+forward needs. Guidance scales and CFG are per row, so they are not in the key.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
@@ -37,11 +41,14 @@ from PIL import Image
 from pipelines.cfg import Row
 from pipelines.diffusers_step import RequestExtra, text_length
 from pipelines.flow_match import FlowMatchStepPipeline
+from pipelines.flux_packed import FluxRow, packed_forward, run_blocks
+from pipelines.flux_packed import modulated_input as packed_modulated_input
+from pipelines.packing import PackedRows, PackedStreams
 from pipelines.interface import RequestState
 from pipelines.latent_preview import projection_for
 from pipelines.params import GenerationParams
 from pipelines.prompt_cache import split_rows
-from pipelines.step_cache import BlockStack
+from pipelines.step_cache import BlockStack, CachedRun
 from pipelines.studio_config import StudioConfig
 
 MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's limit for the T5 prompt
@@ -49,8 +56,8 @@ MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's limit for the T5 prompt
 
 @dataclass(frozen=True)
 class FluxBatchKey:
-    height: int
-    width: int
+    height: int | None  # None (with width): any size, rows of different sizes run packed
+    width: int | None
     max_sequence_length: int
 
 
@@ -118,7 +125,18 @@ class FluxStepPipeline(FlowMatchStepPipeline):
             max_sequence_length=str(self.max_sequence_length),
         )
 
+    @functools.cached_property
+    def packs(self) -> bool:
+        """Whether rows of different sizes share a forward (packed): the attention runs through our
+        own per-row kernel, so only the stock, unfused FLUX processors on SDPA or flash-attn qualify."""
+        attentions = [m for m in self.denoiser.modules() if hasattr(m, "processor")]
+        return (self.attention_backend in ("native", "flash")
+                and all(type(m.processor).__name__ == "FluxAttnProcessor" and not getattr(m, "fused_projections", False)
+                        for m in attentions))
+
     def batch_key(self, params: GenerationParams) -> FluxBatchKey:
+        if self.packs:
+            return FluxBatchKey(height=None, width=None, max_sequence_length=self.max_sequence_length)
         return FluxBatchKey(height=params.height, width=params.width, max_sequence_length=self.max_sequence_length)
 
     # ------------------------------------------------------------------ texts
@@ -186,6 +204,24 @@ class FluxStepPipeline(FlowMatchStepPipeline):
             joint_attention_kwargs={},
             return_dict=False,
         )[0]
+
+    def _runs_packed(self, rows: Sequence[Row]) -> bool:
+        return self.packs and len({(row.state.latents.shape, row.text.embeds.shape) for row in rows}) > 1
+
+    def _packed_forward(self, denoiser: torch.nn.Module, rows: Sequence[Row], run: CachedRun | None) -> list[torch.Tensor]:
+        blocks_runner = run_blocks
+        if run is not None:
+            first = denoiser.transformer_blocks[0]
+            def blocks_runner(blocks, values):
+                return run(blocks, values, PackedRows(values["packing"], PackedStreams()),
+                           lambda inputs: packed_modulated_input(first, inputs))
+        return packed_forward(denoiser, [self._packed_row(row) for row in rows], self.loras.tokens, blocks_runner)
+
+    def _packed_row(self, row: Row) -> FluxRow:
+        state = row.state
+        return FluxRow(latents=state.latents, timestep=state.current_timestep.to(state.latents.dtype) / 1000,
+                       pooled=row.text.pooled, embeds=row.text.embeds, text_ids=row.text.text_ids,
+                       image_ids=state.extra.latent_image_ids, guidance=row.state.conditioning.guidance_scale)
 
     # ------------------------------------------------------------------ decode and preview
     def _vae_latents(self, state: RequestState) -> torch.Tensor:

@@ -23,7 +23,9 @@ through. Here the per-row scales are a matrix and a row's adapters simply add up
 
 Rows are the leading dimension of every hooked module's input and output (true of the
 attention projections, feed-forwards and convolutions of every family served); the hook
-checks it and names the module when a model breaks that rule.
+checks it and names the module when a model breaks that rule. In a packed forward
+(pipelines/packing.py) a stream's leading dimension is its tokens instead: the forward says which
+row each token belongs to (`tokens(token_rows)`) and each token gets its row's deltas.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class _ForwardPlan:
     row_count: int  # rows of the whole forward
     scales: torch.Tensor  # (rows that name any, len(names)): each row's scale per adapter, 0 = unnamed
     row_loras: tuple[tuple[LoraUse, ...], ...]  # what each row of the forward names
+    position: torch.Tensor  # (row_count,): each row's place among the rows that name any, -1 if none
 
 
 def _plan_for(row_loras: tuple[tuple[LoraUse, ...], ...], device: torch.device, dtype: torch.dtype) -> _ForwardPlan:
@@ -64,8 +67,10 @@ def _plan_for(row_loras: tuple[tuple[LoraUse, ...], ...], device: torch.device, 
         for use in row_loras[index]:
             scales[position, column[use.name]] = use.scale
     every = len(named) == len(row_loras)
+    position = torch.full((len(row_loras),), -1, dtype=torch.long)
+    position[named] = torch.arange(len(named))
     return _ForwardPlan(names, None if every else torch.tensor(named, device=device), len(row_loras),
-                        scales.to(device, dtype), row_loras)
+                        scales.to(device, dtype), row_loras, position.to(device))
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,7 @@ class RowLoras:
         self._hooked: set[str] = set()
         self.adapters: dict[str, LoraAdapter] = {}
         self._plan: _ForwardPlan | None = None
+        self._token_rows: torch.Tensor | None = None  # packed forwards: the row of each token of the stream
         self._stacked: dict[tuple[str, tuple[str, ...]], _Stacked | None] = {}
 
     @property
@@ -130,6 +136,17 @@ class RowLoras:
         finally:
             self._plan = plan
 
+    @contextlib.contextmanager
+    def tokens(self, token_rows: torch.Tensor | None) -> Iterator[None]:
+        """Inside `rows(...)`, during a packed forward: the hooked modules inside see one token per
+        leading position, token i belonging to row `token_rows[i]` (None: rows, as usual)."""
+        before = self._token_rows
+        self._token_rows = token_rows
+        try:
+            yield
+        finally:
+            self._token_rows = before
+
     def _stacked_for(self, module_name: str, names: tuple[str, ...]) -> _Stacked | None:
         key = (module_name, names)
         if key not in self._stacked:
@@ -154,18 +171,32 @@ class RowLoras:
             if stacked is None:  # none of this forward's adapters changes this layer
                 return None
             x = args[0]
-            if x.shape[0] != plan.row_count:
+            row_scales, positions = plan.scales, plan.rows
+            if self._token_rows is not None:  # a packed stream: each token takes its row's scales
+                row_scales, positions = _token_scales(plan, self._token_rows)
+            elif x.shape[0] != plan.row_count:
                 raise RuntimeError(f"LoRA rows: {module_name} saw {x.shape[0]} rows, the forward has "
                                    f"{plan.row_count}: this model folds something else into the batch dimension.")
-            rows = x if plan.rows is None else x.index_select(0, plan.rows)
+            if positions is not None and len(positions) == 0:
+                return None
+            rows = x if positions is None else x.index_select(0, positions)
             # (A text encoder may run in another dtype than the denoiser the scales were made for.)
-            scales = plan.scales[:, stacked.columns].to(stacked.down.dtype)
+            scales = row_scales[:, stacked.columns].to(stacked.down.dtype)
             delta = _delta(module, stacked, rows.to(stacked.down.dtype), scales)
-            if plan.rows is None:
+            if positions is None:
                 return output + delta.to(output.dtype)
-            return output.index_add(0, plan.rows, delta.to(output.dtype))
+            return output.index_add(0, positions, delta.to(output.dtype))
 
         return add_row_deltas
+
+
+def _token_scales(plan: _ForwardPlan, token_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(scales of the tokens whose row names any adapter, those tokens' positions; None: all)."""
+    place = plan.position.index_select(0, token_rows)
+    if plan.rows is None:
+        return plan.scales.index_select(0, place), None
+    tokens = torch.nonzero(place >= 0).flatten()
+    return plan.scales.index_select(0, place.index_select(0, tokens)), tokens
 
 
 def _delta(module: nn.Module, stacked: _Stacked, x: torch.Tensor, column_scales: torch.Tensor) -> torch.Tensor:

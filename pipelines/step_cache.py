@@ -91,16 +91,39 @@ class CachedRequest:
         return float(self.state.params.step_cache or 0.0)
 
 
+def cached_requests(layout: CfgLayout) -> list[CachedRequest] | None:
+    """The requests of a forward over `layout` with their rows (both rows of a CFG request), when
+    any of them caches (`state.extra.step_cache`); None when none does."""
+    if not any(state.extra.step_cache is not None for state in layout.states):
+        return None
+    return [CachedRequest(state, tuple(index for index, row in enumerate(layout.rows) if row.state is state),
+                          state.extra.step_cache) for state in layout.states]
+
+
 def step_caching(cache: "RowStepCache | None", denoiser: nn.Module, layout: CfgLayout, row_scope: RowScope):
-    """The per-row step cache for one forward over `layout` (each request's rows: both of a CFG
-    request), when any of its requests caches (`state.extra.step_cache`); else nothing changes and
-    the forward is exactly the uncached one."""
-    if cache is None or not any(state.extra.step_cache is not None for state in layout.states):
+    """The per-row step cache for one forward over `layout`, when any of its requests caches; else
+    nothing changes and the forward is exactly the uncached one."""
+    requests = cached_requests(layout) if cache is not None else None
+    if requests is None:
         return contextlib.nullcontext()
-    requests = [CachedRequest(state, tuple(index for index, row in enumerate(layout.rows) if row.state is state),
-                              state.extra.step_cache) for state in layout.states]
     return cache.applied(denoiser, requests, row_scope)
 
+
+class StackedRows:
+    """How a stacked forward's block inputs hold their rows: row i is index i of the leading
+    dimension of every per-row input (a packed forward's layout is pipelines/packing.PackedRows)."""
+
+    def __init__(self, stack: BlockStack, device: torch.device) -> None:
+        self.stack, self.device = stack, device
+
+    def index(self, name: str, rows: Sequence[int]) -> torch.Tensor:
+        """Where these rows lie along the leading dimension of the block input or output `name`."""
+        return torch.tensor(list(rows), device=self.device, dtype=torch.long)
+
+    def subset(self, values: dict, rows: Sequence[int]) -> dict:
+        """The block inputs of a forward over only these rows."""
+        index = self.index("", rows)
+        return {**values, **{name: values[name].index_select(0, index) for name in self.stack.row_inputs}}
 
 def relative_l1(now: torch.Tensor, before: torch.Tensor) -> float:
     """mean |now - before| / mean |before| (diffusers' First Block Cache measure)."""
@@ -128,62 +151,79 @@ class RowStepCache:
 
     @contextlib.contextmanager
     def applied(self, denoiser: nn.Module, requests: Sequence[CachedRequest], row_scope: RowScope) -> Iterator[None]:
-        """During the forward inside, `denoiser` runs its blocks through the per-row cache."""
+        """During the (stacked) forward inside, `denoiser` runs its blocks through the per-row cache."""
         lists = [getattr(denoiser, name) for name in self.stack.lists]
         blocks = [block for blocks in lists for block in blocks]
-        runner = _CachedBlocks(self, blocks, requests, row_scope, id(denoiser))
+        stand_in = _CachedBlocks(self.decisions(requests, row_scope, id(denoiser)), blocks)
         modules = denoiser._modules  # swapped in place, for this forward only: diffusers' forward loops over them
         try:
             for index, name in enumerate(self.stack.lists):
-                modules[name] = nn.ModuleList([runner] if index == 0 else [])
+                modules[name] = nn.ModuleList([stand_in] if index == 0 else [])
             yield
         finally:
             for name, original in zip(self.stack.lists, lists):
                 modules[name] = original
 
+    def decisions(self, requests: Sequence[CachedRequest], row_scope: RowScope, owner: int) -> "CachedRun":
+        """The per-row runner of one forward's blocks (a packed forward calls it directly)."""
+        return CachedRun(self, requests, row_scope, owner)
+
 
 class _CachedBlocks(nn.Module):
-    """Stands in for the first block of a forward; runs every block, per row as decided."""
+    """Stands in for the first block of a stacked forward; runs every block through `run`."""
 
-    def __init__(self, cache: RowStepCache, blocks: list[nn.Module], requests: Sequence[CachedRequest],
-                 row_scope: RowScope, owner: int) -> None:
+    def __init__(self, run: "CachedRun", blocks: list[nn.Module]) -> None:
         super().__init__()
         object.__setattr__(self, "blocks", tuple(blocks))  # not registered: the denoiser still owns them
-        self.cache, self.stack, self.requests, self.row_scope, self.owner = cache, cache.stack, requests, row_scope, owner
+        self.run = run
         self.signature = inspect.signature(blocks[0].forward)
 
     def forward(self, *args, **kwargs):
         values = dict(self.signature.bind(*args, **kwargs).arguments)
+        stack = self.run.stack
+        modulated = None if stack.modulated_input is None else (lambda v: stack.modulated_input(self.blocks[0], v))
+        access = StackedRows(stack, values[stack.hidden].device)
+        out = self.run(self.blocks, values, access, modulated)
+        results = tuple(out[name] for name in stack.returns)
+        return results if len(results) > 1 else results[0]
+
+
+class CachedRun:
+    """One forward's blocks, per request as each decides: run them, or reuse its residual."""
+
+    def __init__(self, cache: RowStepCache, requests: Sequence[CachedRequest], row_scope: RowScope, owner: int) -> None:
+        self.cache, self.stack, self.requests, self.row_scope, self.owner = cache, cache.stack, requests, row_scope, owner
+
+    def __call__(self, blocks: Sequence, values: dict, access, modulated: Callable[[dict], torch.Tensor] | None) -> dict:
+        """`blocks` (callables over the block inputs by name, returning the stack's `returns`) over
+        `values`; `access` says where each request's rows lie (StackedRows, or PackedRows);
+        `modulated` gives the first block's modulated input (rule "teacache"). Returns the streams."""
         hidden = self.stack.hidden
         if self.cache.rule == "first-block":
-            base = {**values, **self._named(self.blocks[0](**values))}
-            signal, blocks = base[hidden] - values[hidden], self.blocks[1:]
+            base = {**values, **self._named(blocks[0](**values))}
+            signal, blocks = base[hidden] - values[hidden], blocks[1:]
         else:
-            base, blocks = values, self.blocks
-            signal = self.stack.modulated_input(self.blocks[0], values)
-        computes = [self._computes(request, signal) for request in self.requests]
+            base, signal = values, modulated(values)
+        computes = [self._computes(request, signal.index_select(0, access.index(hidden, request.rows)))
+                    for request in self.requests]
         rows = sorted(row for request, yes in zip(self.requests, computes) if yes for row in request.rows)
-        everyone = len(rows) == len(base[hidden])
-        index = None if everyone else torch.tensor(rows, device=base[hidden].device, dtype=torch.long)
-        computed = self._run(blocks, base, index) if rows else {}
+        everyone = len(rows) == sum(len(request.rows) for request in self.requests)
+        computed = self._run(blocks, base, None if everyone else rows, access) if rows else {}
         out = {}
         for name in self.stack.returns:
             out[name] = computed[name] if everyone else base[name].clone()
             if rows and not everyone:
-                out[name].index_copy_(0, index, computed[name])
-        position = {row: place for place, row in enumerate(rows)}
+                out[name].index_copy_(0, access.index(name, rows), computed[name])
         for request, yes in zip(self.requests, computes):
-            mine = torch.tensor(request.rows, device=base[hidden].device, dtype=torch.long)
-            if yes:
-                if request.cache is not None:
-                    places = torch.tensor([position[row] for row in request.rows], device=mine.device)
-                    request.cache.residuals = {name: computed[name].index_select(0, places)
-                                               - base[name].index_select(0, mine) for name in self.stack.returns}
-                continue
             for name in self.stack.returns:
-                out[name].index_copy_(0, mine, base[name].index_select(0, mine) + request.cache.residuals[name])
-        results = tuple(out[name] for name in self.stack.returns)
-        return results if len(results) > 1 else results[0]
+                mine = access.index(name, request.rows)
+                if not yes:
+                    out[name].index_copy_(0, mine, base[name].index_select(0, mine) + request.cache.residuals[name])
+            if yes and request.cache is not None:
+                request.cache.residuals = {name: out[name].index_select(0, access.index(name, request.rows))
+                                           - base[name].index_select(0, access.index(name, request.rows))
+                                           for name in self.stack.returns}
+        return {**values, **out}
 
     def _named(self, output) -> dict:
         output = output if isinstance(output, tuple) else (output,)
@@ -192,26 +232,23 @@ class _CachedBlocks(nn.Module):
                                f"{len(self.stack.returns)}: {self.stack.returns}.")
         return dict(zip(self.stack.returns, output))
 
-    def _run(self, blocks: Sequence[nn.Module], values: dict, rows: torch.Tensor | None) -> dict:
+    def _run(self, blocks: Sequence, values: dict, rows: list[int] | None, access) -> dict:
         """The blocks over the rows that compute (all of them when `rows` is None)."""
-        call = dict(values)
-        if rows is not None:
-            for name in self.stack.row_inputs:
-                call[name] = call[name].index_select(0, rows)
-        with self.row_scope(rows):
+        call = dict(values) if rows is None else access.subset(values, rows)
+        scope = None if rows is None else torch.tensor(rows, dtype=torch.long)
+        with self.row_scope(scope):
             for block in blocks:
                 call.update(self._named(block(**call)))
         return {name: call[name] for name in self.stack.returns}
 
-    def _computes(self, request: CachedRequest, signal: torch.Tensor) -> bool:
+    def _computes(self, request: CachedRequest, mine: torch.Tensor) -> bool:
         """Whether this request's rows run the remaining blocks at this step; updates its memory.
-        Depends on the request's own rows only."""
+        Depends on the request's own rows only (`mine`: its part of the signal)."""
         cache, state = request.cache, request.state
         if cache is None:
             return True
         if cache.owner != self.owner:  # a new request, or a Wan 2.2 request that changed experts
             cache.owner, cache.signal, cache.residuals, cache.accumulated = self.owner, None, None, 0.0
-        mine = signal.index_select(0, torch.tensor(request.rows, device=signal.device, dtype=torch.long))
         fresh = cache.signal is None or cache.residuals is None
         if self.cache.rule == "first-block":
             computes = fresh or relative_l1(mine, cache.signal) > request.threshold

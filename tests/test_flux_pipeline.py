@@ -180,12 +180,20 @@ def test_guidance_embedding_model_matches_flux_pipeline_with_per_row_scales(flux
         assert_step_outputs_match(dev, state, p)
 
 
-def test_requests_share_a_batch_key_across_steps_seeds_prompts_and_guidance(flux):
+def test_requests_share_a_batch_key_across_steps_seeds_prompts_guidance_and_sizes(flux):
+    # Rows of different sizes run packed (pipelines/flux_packed.py), so the key holds no size.
+    assert flux.packs
     a = request("a red circle", seed=1, num_inference_steps=4, guidance_scale=1.0)
     b = request("a blue square", seed=9, num_inference_steps=20, guidance_scale=5.0, negative_prompt="blurry")
-    assert flux.batch_key(a) == flux.batch_key(b) == FluxBatchKey(SIZE, SIZE, T5_LENGTH)
     wider = request(width=SIZE * 2)
-    assert flux.batch_key(wider) != flux.batch_key(a)
+    assert flux.batch_key(a) == flux.batch_key(b) == flux.batch_key(wider) == FluxBatchKey(None, None, T5_LENGTH)
+
+
+def test_without_packing_only_requests_of_one_size_share_a_key(flux, monkeypatch):
+    monkeypatch.setitem(flux.__dict__, "packs", False)  # as with another attention backend
+    a, wider = request(seed=1), request(seed=2, width=SIZE * 2)
+    assert flux.batch_key(a) == FluxBatchKey(SIZE, SIZE, T5_LENGTH)
+    assert flux.batch_key(wider) == FluxBatchKey(SIZE, SIZE * 2, T5_LENGTH) != flux.batch_key(a)
 
 
 # ---------------------------------------------------------------------------- preview

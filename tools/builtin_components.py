@@ -68,8 +68,9 @@ def build_scheduler() -> FlowMatchEulerDiscreteScheduler:
     )
 
 
-def model_words() -> list[str]:
-    return sorted(vocabulary())
+def model_words(words: set[str] | None = None) -> list[str]:
+    """The model's words, sorted: `words` (a world's vocabulary) or the v1 shapes world's."""
+    return sorted(vocabulary() if words is None else words)
 
 
 def bpe_merges(words: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
@@ -93,8 +94,8 @@ def bpe_merges(words: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
     return sorted(tokens), merges
 
 
-def build_clip_tokenizer() -> CLIPTokenizer:
-    words = model_words() + list(PUNCTUATION)
+def build_clip_tokenizer(words: set[str] | None = None) -> CLIPTokenizer:
+    words = model_words(words) + list(PUNCTUATION)
     pieces, merges = bpe_merges(words)
     # Single letters let any unknown lower-case word still tokenize (to pieces the model never
     # learned) instead of to <|endoftext|>, where CLIP would pool too early.
@@ -116,9 +117,9 @@ def build_clip_tokenizer() -> CLIPTokenizer:
     )
 
 
-def build_t5_tokenizer() -> T5Tokenizer:
+def build_t5_tokenizer(words: set[str] | None = None) -> T5Tokenizer:
     pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
-    pieces += [("\u2581" + word, -1.0) for word in model_words()]
+    pieces += [("\u2581" + word, -1.0) for word in model_words(words)]
     pieces += [(mark, -1.0) for mark in PUNCTUATION]
     # Single letters let any unknown word still tokenize (to pieces the model never learned).
     pieces += [(letter, -10.0) for letter in "abcdefghijklmnopqrstuvwxyz"] + [("\u2581", -10.0)]

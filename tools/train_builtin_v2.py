@@ -1,0 +1,374 @@
+"""Train shapes-flux v2 (every canvas from 48 to 128 px, shapes anywhere, captions that leave parts
+out) from a seed, on CPU. The world is tools/shapes_world_v2.py; the components are v1's classes
+and configs (tools/builtin_components.py) with the v2 vocabulary.
+
+Stages (run in order; each resumes from its own periodic checkpoint in --work-dir):
+
+    vae          AutoencoderKL on fresh renders, each batch one random canvas (v1's loss).
+    latents      --per-canvas scenes on each of the 121 canvases, encoded once (posterior mean and
+                 log-variance), with the scenes kept so captions are drawn afresh at every step.
+    transformer  FluxTransformer2DModel + CLIP + T5 trained jointly (rectified flow, FluxPipeline's
+                 conventions); each batch one canvas; each caption leaves parts out at random; 10%
+                 empty captions for true CFG; the noise level's logit-normal mean is the inference
+                 schedule's shift mu at that canvas's token count; EMA.
+    export       the diffusers folder (EMA weights, safetensors) + stepstudio.json.
+
+Time budgets (--vae-minutes, --max-minutes) drive the cosine schedules; record the step counts the
+log prints to rerun a run step for step (pass them with a budget of 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tools.builtin_components import (
+    TEXT_LENGTH,
+    build_clip_tokenizer,
+    build_scheduler,
+    build_t5_tokenizer,
+    build_transformer,
+    build_vae,
+)
+from tools.shapes_world_v2 import (
+    CANVAS_SIDES,
+    Scene,
+    caption,
+    random_canvas,
+    random_caption,
+    random_scene,
+    render,
+    vocabulary,
+)
+from tools.train_builtin import TextModels, image_ids, pack_latents, to_tensor, tokenize_all, vae_loss
+from tools.training_loop import cosine_lr, ema_update, log, progress_fraction, save_atomically
+
+STAGES = ("vae", "latents", "transformer", "export")
+CANVASES: tuple[tuple[int, int], ...] = tuple((w, h) for w in CANVAS_SIDES for h in CANVAS_SIDES)
+
+
+def image_tokens(width: int, height: int) -> int:
+    return (width // 8) * (height // 8)
+
+
+def schedule_mu(tokens: int) -> float:
+    """The scheduler's dynamic shift at this many image tokens (FluxPipeline's calculate_shift
+    with the built-in scheduler's 64/256 tokens and 0.5/1.15 shifts)."""
+    scheduler = build_scheduler().config
+    slope = (scheduler.max_shift - scheduler.base_shift) / (scheduler.max_image_seq_len - scheduler.base_image_seq_len)
+    return scheduler.base_shift + slope * (tokens - scheduler.base_image_seq_len)
+
+
+# ----------------------------------------------------------------------------- VAE
+
+
+def train_vae(args) -> None:
+    checkpoint = args.work_dir / "vae.pt"
+    torch.manual_seed(args.seed)
+    vae = build_vae()
+    optimizer = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
+    state = {"step": 0, "elapsed": 0.0, "done": False}
+    if checkpoint.exists():
+        saved = torch.load(checkpoint, weights_only=False)
+        vae.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        state = saved["state"]
+        log(f"vae: resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min done)")
+    if state["done"]:
+        log("vae: already trained")
+        return
+    rng = np.random.default_rng([args.seed, state["step"]])
+    started = time.time() - state["elapsed"]
+    last_save = time.time()
+    vae.train()
+    while True:
+        step = state["step"]
+        fraction = progress_fraction(step, args.vae_steps, time.time() - started, args.vae_minutes)
+        if fraction >= 1.0:
+            break
+        for group in optimizer.param_groups:
+            group["lr"] = cosine_lr(args.vae_lr, fraction, step, warmup=100)
+        width, height = random_canvas(rng)
+        images = to_tensor([render(random_scene(rng, width, height)) for _ in range(args.vae_batch)])
+        loss, parts = vae_loss(vae, images, args.kl_weight)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+        optimizer.step()
+        state["step"] = step + 1
+        state["elapsed"] = time.time() - started
+        if step % 50 == 0:
+            details = " ".join(f"{k} {v:.4f}" for k, v in parts.items())
+            log(f"vae step {step} loss {loss.item():.4f} {details} "
+                f"{state['step'] / max(state['elapsed'], 1e-6):.2f} steps/s {state['elapsed'] / 60:.1f} min")
+        if time.time() - last_save > args.checkpoint_minutes * 60:
+            save_atomically({"model": vae.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, checkpoint)
+            last_save = time.time()
+    state["done"] = True
+    save_atomically({"model": vae.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, checkpoint)
+    log(f"vae: done, {state['step']} steps in {state['elapsed'] / 60:.1f} min")
+
+
+def load_vae(args):
+    vae = build_vae()
+    vae.load_state_dict(torch.load(args.work_dir / "vae.pt", weights_only=False)["model"])
+    return vae.eval().requires_grad_(False)
+
+
+# ----------------------------------------------------------------------------- latents
+
+
+@torch.no_grad()
+def encode_latents(args) -> None:
+    path = args.work_dir / "latents.pt"
+    if path.exists():
+        log("latents: already encoded")
+        return
+    vae = load_vae(args)
+    rng = np.random.default_rng([args.seed, 1])
+    buckets = {}
+    samples = []
+    started = time.time()
+    for index, (width, height) in enumerate(CANVASES):
+        scenes = [random_scene(rng, width, height) for _ in range(args.per_canvas)]
+        means, logvars = [], []
+        for start in range(0, len(scenes), 64):
+            posterior = vae.encode(to_tensor([render(s) for s in scenes[start:start + 64]])).latent_dist
+            means.append(posterior.mean.half())
+            logvars.append(posterior.logvar.half())
+        mean, logvar = torch.cat(means), torch.cat(logvars)
+        buckets[(width, height)] = {"mean": mean, "logvar": logvar,
+                                    "scenes": [(s.shape, s.color, s.background, s.side, s.cx, s.cy) for s in scenes]}
+        samples.append((mean[:16].float() + torch.randn(mean[:16].shape) * (0.5 * logvar[:16].float()).exp()).flatten())
+        if index % 11 == 10:
+            log(f"latents: {index + 1}/{len(CANVASES)} canvases, {time.time() - started:.0f} s")
+    sample = torch.cat(samples)
+    shift, scale = sample.mean().item(), 1.0 / sample.std().item()
+    log(f"latents: {len(CANVASES)} canvases x {args.per_canvas}, shift_factor {shift:.4f}, scaling_factor {scale:.4f}")
+    save_atomically({"buckets": buckets, "shift": shift, "scale": scale}, path)
+
+
+# ----------------------------------------------------------------------------- transformer
+
+
+def scene_of(row: tuple, width: int, height: int) -> Scene:
+    shape, color, background, side, cx, cy = row
+    return Scene(width, height, shape, color, background, side, cx, cy)
+
+
+def train_transformer(args) -> None:
+    checkpoint = args.work_dir / "transformer.pt"
+    data = torch.load(args.work_dir / "latents.pt", weights_only=False)
+    buckets, shift, scale = data["buckets"], data["shift"], data["scale"]
+    canvases = sorted(buckets)
+    words = vocabulary()
+    clip_tokenizer, t5_tokenizer = build_clip_tokenizer(words), build_t5_tokenizer(words)
+
+    torch.manual_seed(args.seed)
+    transformer = build_transformer()
+    text_models = TextModels(clip_tokenizer, t5_tokenizer)
+    modules = torch.nn.ModuleDict({"transformer": transformer, "text": text_models})
+    ema = copy.deepcopy(modules).requires_grad_(False)
+    optimizer = torch.optim.AdamW(modules.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.99))
+    state = {"step": 0, "elapsed": 0.0, "done": False, "loss_avg": None}
+    generator = torch.Generator().manual_seed(args.seed)
+    rng = np.random.default_rng([args.seed, 3])
+    if checkpoint.exists():
+        saved = torch.load(checkpoint, weights_only=False)
+        modules.load_state_dict(saved["model"])
+        ema.load_state_dict(saved["ema"])
+        optimizer.load_state_dict(saved["optimizer"])
+        generator.set_state(saved["generator"])
+        rng = np.random.default_rng([args.seed, 3, saved["state"]["step"]])
+        state = saved["state"]
+        log(f"transformer: resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min done)")
+    if state["done"]:
+        log("transformer: already trained")
+        return
+
+    def save(path: Path) -> None:
+        save_atomically({"model": modules.state_dict(), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
+                         "generator": generator.get_state(), "state": state, "shift": shift, "scale": scale}, path)
+
+    txt_ids = torch.zeros(TEXT_LENGTH, 3)
+    started = time.time() - state["elapsed"]
+    last_save = time.time()
+    last_snapshot = state["elapsed"]
+    modules.train()
+    while True:
+        step = state["step"]
+        fraction = progress_fraction(step, args.steps, time.time() - started, args.max_minutes)
+        if fraction >= 1.0:
+            break
+        lr = cosine_lr(args.lr, fraction, step, warmup=args.warmup)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        width, height = canvases[int(torch.randint(len(canvases), (1,), generator=generator))]
+        bucket = buckets[(width, height)]
+        rows = torch.randint(len(bucket["mean"]), (args.batch,), generator=generator)
+        mean, logvar = bucket["mean"][rows].float(), bucket["logvar"][rows].float()
+        x0 = pack_latents((mean + (0.5 * logvar).exp() * torch.randn(mean.shape, generator=generator) - shift) * scale)
+        texts = [
+            "" if rng.random() < args.empty_caption_rate
+            else random_caption(scene_of(bucket["scenes"][int(row)], width, height), rng, drop=args.drop)
+            for row in rows
+        ]
+        clip_ids, t5_ids = tokenize_all(texts, clip_tokenizer, t5_tokenizer)
+        mu = schedule_mu(image_tokens(width, height))
+        sigma = torch.sigmoid(mu + args.sigma_std * torch.randn(args.batch, generator=generator))
+        noise = torch.randn(x0.shape, generator=generator)
+        x_t = (1.0 - sigma[:, None, None]) * x0 + sigma[:, None, None] * noise
+        pooled, sequence = text_models(clip_ids, t5_ids)
+        velocity = transformer(hidden_states=x_t, timestep=sigma, pooled_projections=pooled,
+                               encoder_hidden_states=sequence, txt_ids=txt_ids,
+                               img_ids=image_ids(height // 4, width // 4), return_dict=False)[0]
+        loss = F.mse_loss(velocity, noise - x0)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(modules.parameters(), 1.0)
+        optimizer.step()
+        ema_update(ema, modules, min(args.ema_decay, (1 + step) / (10 + step)))
+        state["step"] = step + 1
+        state["elapsed"] = time.time() - started
+        state["loss_avg"] = loss.item() if state["loss_avg"] is None else 0.98 * state["loss_avg"] + 0.02 * loss.item()
+        if step % 100 == 0:
+            rate = state["step"] / max(state["elapsed"], 1e-6)
+            log(f"transformer step {step} loss {loss.item():.4f} avg {state['loss_avg']:.4f} lr {lr:.2e} "
+                f"{rate:.2f} steps/s {state['elapsed'] / 60:.1f} of {args.max_minutes:.0f} min")
+        if time.time() - last_save > args.checkpoint_minutes * 60:
+            save(checkpoint)
+            last_save = time.time()
+        if args.snapshot_minutes and state["elapsed"] - last_snapshot > args.snapshot_minutes * 60:
+            save(args.work_dir / f"transformer-{int(state['elapsed'] / 60):04d}min.pt")
+            last_snapshot = state["elapsed"]
+    state["done"] = True
+    save(checkpoint)
+    log(f"transformer: done, {state['step']} steps in {state['elapsed'] / 60:.1f} min")
+
+
+# ----------------------------------------------------------------------------- export
+
+
+@torch.no_grad()
+def preview_factors(vae, shift: float, scale: float, seed: int) -> tuple[list[list[float]], list[float]]:
+    """Least-squares map from normalized latents to the image averaged over 4x4 pixels, in [0, 1]
+    RGB, fitted on renders of every canvas (the projection the engine's preview uses)."""
+    rng = np.random.default_rng([seed, 2])
+    inputs, outputs = [], []
+    for _ in range(32):
+        width, height = random_canvas(rng)
+        images = to_tensor([render(random_scene(rng, width, height)) for _ in range(16)])
+        latents = (vae.encode(images).latent_dist.mean - shift) * scale
+        targets = F.avg_pool2d((images + 1.0) / 2.0, kernel_size=4)
+        inputs.append(latents.permute(0, 2, 3, 1).reshape(-1, latents.shape[1]))
+        outputs.append(targets.permute(0, 2, 3, 1).reshape(-1, 3))
+    inputs = torch.cat(inputs)
+    inputs = torch.cat([inputs, torch.ones(len(inputs), 1)], dim=1)
+    solution = torch.linalg.lstsq(inputs.double(), torch.cat(outputs).double()).solution.float()
+    return [[round(v, 5) for v in row] for row in solution[:-1].tolist()], [round(v, 5) for v in solution[-1].tolist()]
+
+
+def example_prompts_v2(seed: int) -> list[str]:
+    """Eight example prompts: the v1 form and shorter ones people type."""
+    from tools.shapes_world_v2 import Named
+    rng = np.random.default_rng(seed)
+    forms = [Named(), Named(size=False, position=False), Named(size=False, background=False),
+             Named(position=False), Named(size=False), Named(), Named(size=False, color=False, position=False),
+             Named(background=False)]
+    prompts = []
+    for index, named in enumerate(forms):
+        scene = random_scene(rng, 64, 64, size="large" if index % 2 else "small", position=None if index % 3 else "left")
+        prompts.append(caption(scene, named, phrase_position=index % 2 == 1))
+    return prompts
+
+
+def export(args, checkpoint: Path | None = None, out: Path | None = None) -> None:
+    from diffusers import FluxPipeline
+
+    saved = torch.load(checkpoint or args.work_dir / "transformer.pt", weights_only=False)
+    shift, scale = saved["shift"], saved["scale"]
+    words = vocabulary()
+    clip_tokenizer, t5_tokenizer = build_clip_tokenizer(words), build_t5_tokenizer(words)
+    transformer = build_transformer()
+    text_models = TextModels(clip_tokenizer, t5_tokenizer)
+    modules = torch.nn.ModuleDict({"transformer": transformer, "text": text_models})
+    modules.load_state_dict(saved["ema" if not args.export_raw else "model"])
+    vae = load_vae(args)
+    vae.register_to_config(shift_factor=round(shift, 4), scaling_factor=round(scale, 4))
+    pipe = FluxPipeline(scheduler=build_scheduler(), vae=vae, text_encoder=text_models.clip.eval(),
+                        tokenizer=clip_tokenizer, text_encoder_2=text_models.t5.eval(), tokenizer_2=t5_tokenizer,
+                        transformer=transformer.eval())
+    out = out or args.out
+    out.mkdir(parents=True, exist_ok=True)
+    pipe.save_pretrained(out, safe_serialization=True)
+    factors, bias = preview_factors(vae, shift, scale, args.seed)
+    defaults = {
+        "height": 64,
+        "width": 64,
+        "sizes": {"min": min(CANVAS_SIDES), "max": max(CANVAS_SIDES), "step": CANVAS_SIDES[1] - CANVAS_SIDES[0]},
+        "max_sequence_length": TEXT_LENGTH,
+        "num_inference_steps": 20,
+        "guidance_scale": args.guidance_scale,
+        "negative_prompt": "",
+        "example_prompts": example_prompts_v2(7),
+        "vocabulary": sorted(words),
+        "preview_rgb_factors": factors,
+        "preview_rgb_bias": bias,
+        "training": {"seed": args.seed, "transformer_steps": saved["state"]["step"],
+                     "transformer_minutes": round(saved["state"]["elapsed"] / 60, 1),
+                     "weights": "raw" if args.export_raw else "ema"},
+    }
+    (out / "stepstudio.json").write_text(json.dumps(defaults, indent=2) + "\n")
+    log(f"export: wrote {out} (step {saved['state']['step']}, {'raw' if args.export_raw else 'EMA'} weights)")
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stage", choices=STAGES + ("all",), default="all")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("assets/shapes-flux"))
+    parser.add_argument("--work-dir", type=Path, default=Path("/work/train_v2"), help="checkpoints, outside the repo")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--checkpoint-minutes", type=float, default=5.0)
+    parser.add_argument("--snapshot-minutes", type=float, default=30.0, help="keep a copy this often (0: never)")
+    parser.add_argument("--vae-steps", type=int, default=100000)
+    parser.add_argument("--vae-minutes", type=float, default=20.0, help="time budget (0: steps only)")
+    parser.add_argument("--vae-batch", type=int, default=16)
+    parser.add_argument("--vae-lr", type=float, default=2e-3)
+    parser.add_argument("--kl-weight", type=float, default=1e-3, help="per latent element")
+    parser.add_argument("--per-canvas", type=int, default=500, help="encoded scenes per canvas")
+    parser.add_argument("--steps", type=int, default=1000000, help="transformer steps")
+    parser.add_argument("--max-minutes", type=float, default=240.0, help="transformer time budget (0: steps only)")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--ema-decay", type=float, default=0.999)
+    parser.add_argument("--empty-caption-rate", type=float, default=0.1)
+    parser.add_argument("--drop", type=float, default=0.35, help="chance each caption part is left out")
+    parser.add_argument("--sigma-std", type=float, default=1.0)
+    parser.add_argument("--guidance-scale", type=float, default=3.0, help="true-CFG default written to stepstudio.json")
+    parser.add_argument("--export-raw", action="store_true", help="export the raw weights instead of the EMA")
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    stages = STAGES if args.stage == "all" else (args.stage,)
+    for stage in stages:
+        {"vae": train_vae, "latents": encode_latents, "transformer": train_transformer, "export": export}[stage](args)
+
+
+if __name__ == "__main__":
+    main()
