@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "'request': a batch runs to the end before others start")
     engine.add_argument("--max-batch", "--max-batch-requests", dest="max_batch", type=int, default=defaults.max_batch,
                         help="most requests in one model forward (a request with true CFG puts 2 rows in it)")
+    engine.add_argument("--max-tokens", type=int, default=defaults.max_tokens, metavar="N",
+                        help="most rows x latent tokens in one model forward, so one large request and several "
+                             "small ones share it (default: --max-batch requests of each model's default size, two rows each)")
     engine.add_argument("--preview-every", type=int, default=defaults.preview_every,
                         help="send a live preview every K denoise steps (0 = no previews)")
     limits = parser.add_argument_group("limits")
@@ -177,7 +180,7 @@ def default_models() -> tuple[str, ...]:
 def config_from_args(args: argparse.Namespace) -> StudioOptions:
     models = tuple(args.model) if args.model else default_models()
     return StudioOptions(
-        model=models[0], more_models=models[1:], mode=args.mode, max_batch=args.max_batch, host=args.host, port=args.port,
+        model=models[0], more_models=models[1:], mode=args.mode, max_batch=args.max_batch, max_tokens=args.max_tokens, host=args.host, port=args.port,
         share=args.share, auth=parse_auth(args.auth), preview_every=args.preview_every, max_steps=args.max_steps,
         max_size=args.max_size, max_per_session=args.max_per_session, max_branches=args.max_branches,
         show_prompts=args.show_prompts, max_session_cost=args.max_session_cost,
@@ -292,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     from engine import Engine
     from studio.server.app import build_app
 
-    engine = Engine(pipelines, mode=config.mode, max_batch_requests=config.max_batch, limits=config.limits).start()
+    engine = Engine(pipelines, mode=config.mode, max_batch_requests=config.max_batch, limits=config.limits,
+                    max_batch_tokens=config.max_tokens).start()
     if config.compile:
         from engine.warmup import warm_up
 
@@ -301,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         log.info("compiled and warmed up at %dx%d in %.1f s", defaults.width, defaults.height, seconds[0])
     try:
         server = StudioServer(build_app(engine, config, store), config.host, sock=sock)
-        log.info("models %s, %s mode, up to %d requests per forward, max size %d px, serving on %s",
-                 ", ".join(engine.models.names), config.mode, config.max_batch, engine.limits.max_size, server.url)
+        log.info("models %s, %s mode, up to %d requests and %s tokens per forward, max size %d px, serving on %s",
+                 ", ".join(engine.models.names), config.mode, config.max_batch,
+                 "/".join(str(n) for n in engine.token_budgets.values()), engine.limits.max_size, server.url)
         if config.share:
             server.start()
             share_or_warn(config.host, server.port)

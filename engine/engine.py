@@ -75,7 +75,9 @@ class Engine(QueueControl):
     >>> engine.close()
 
     `max_batch_requests` counts requests per forward; a request with true CFG puts two rows
-    in it.
+    in it. `max_batch_tokens` caps the rows x tokens of one forward (engine.cost), so one large
+    request and several small ones can share it; None: for each model, `max_batch_requests`
+    requests of its default size with CFG (two rows each).
     """
 
     def __init__(
@@ -85,7 +87,11 @@ class Engine(QueueControl):
         max_batch_requests: int = 8,
         limits: ServingLimits | None = None,
         batched_decodes: bool = True,
+        max_batch_tokens: int | None = None,
     ) -> None:
+        if max_batch_tokens is not None and (isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, int)
+                                             or max_batch_tokens < 1):
+            raise ValueError(f"max_batch_tokens={max_batch_tokens!r} must be an integer of at least 1 (or None).")
         self.models = ModelSet(pipeline)
         self.pipeline = self.models[None]  # the default model's pipeline
         # The server's caps, resolved per model (an unset max size is each model's own size).
@@ -93,7 +99,13 @@ class Engine(QueueControl):
         self.limits = self._limits[self.models.default]
         self.metrics = EngineMetrics()
         self._pauses = Pauses()  # paused queues (engine.queue_control): callers write, the scheduler reads
-        self._scheduler = Scheduler(mode=mode, max_batch_requests=max_batch_requests, pauses=self._pauses)
+        # Rows x tokens one forward of each model may hold: by default room for max_batch_requests
+        # requests of the model's default size, each with a CFG negative row (so every forward
+        # that a row limit alone allowed at that size still fits).
+        self.token_budgets = {name: max_batch_tokens or max_batch_requests * 2 * self._default_cost(name).tokens
+                              for name in self.models.names}
+        self._scheduler = Scheduler(mode=mode, max_batch_requests=max_batch_requests, pauses=self._pauses,
+                                    token_budget=lambda key: self.token_budgets.get(getattr(key, "model", None)))
         # Requests that finish in the same step share a VAE decode (False: one each, for comparison).
         self._runner = ModelRunner(self.models.pipelines, batched_decodes=batched_decodes)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -102,15 +114,20 @@ class Engine(QueueControl):
         self._stopped = threading.Event()  # the engine thread has ended (or never started and was closed)
         self._arrivals = itertools.count()
         # The cost of the model's default request: the unit of ServingLimits.max_session_cost.
-        default_request = resolve_defaults(GenerationParams(prompt="a default request", model=self.models.default),
-                                           self.pipeline.info.defaults)
-        self.unit_cost = request_cost(self.pipeline, self.pipeline.info, default_request).total
+        self.unit_cost = self._default_cost(self.models.default).total
         # Every unfinished request, by id, and the open door (written by callers and the engine thread).
         self._ledger: AdmissionLedger[Request] = AdmissionLedger(self.metrics.requests_rejected)
         # Written by the engine thread only.
         self._activity = EngineActivity()
         self._first_preview_seen: set[str] = set()
         self._snapshot = build_snapshot(self._scheduler, self._activity)
+
+    def _default_cost(self, model: str):
+        """What the model's default request costs (engine.cost)."""
+        pipeline = self.models[model]
+        default_request = resolve_defaults(GenerationParams(prompt="a default request", model=model),
+                                           pipeline.info.defaults)
+        return request_cost(pipeline, pipeline.info, default_request)
 
     # ------------------------------------------------------------------ public API
     @property

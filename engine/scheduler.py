@@ -9,7 +9,11 @@ It is the only place that changes a request's status. Policy:
   least-served one. So a 1024x1024 group and a 64x64 group get equal device time: the
   small one runs 256 forwards for each forward of the large one, and no group starves.
 - Step mode: the chosen group's running requests plus waiting ones of the same key,
-  up to `max_batch_requests`, run one step together; a newcomer joins at the next boundary.
+  up to `max_batch_requests` and the group's token budget (`token_budget(key)`: the rows x
+  tokens one forward may hold, see `engine.cost`), run one step together; a newcomer joins at
+  the next boundary. Admission stops at the first request that doesn't fit the budget, so a
+  request larger than the whole budget waits until its group's forward is empty, then runs
+  alone: never refused for being big, never passed over for ever by smaller ones.
 - Request mode: once a group of up to `max_batch_requests` requests is admitted it runs
   alone until all of its members finish (the classic "one batch at a time" server).
 - Admission is fair across sessions: sessions take turns (fewest requests running first,
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Hashable, Literal
+from typing import Callable, Hashable, Literal
 
 from engine.events import Aborted, Completed, Failed, Progress, Queued, Started, Timings
 from engine.pauses import Pauses
@@ -83,13 +87,16 @@ class _Group:
 
 
 class Scheduler:
-    def __init__(self, mode: Mode = "step", max_batch_requests: int = 8, pauses: Pauses | None = None) -> None:
+    def __init__(self, mode: Mode = "step", max_batch_requests: int = 8, pauses: Pauses | None = None,
+                 token_budget: Callable[[Hashable], int | None] | None = None) -> None:
         if mode not in ("step", "request"):
             raise ValueError(f"mode={mode!r} is not supported: use 'step' or 'request'.")
         if isinstance(max_batch_requests, bool) or not isinstance(max_batch_requests, int) or max_batch_requests < 1:
             raise ValueError(f"max_batch_requests={max_batch_requests!r} must be an integer of at least 1.")
         self.mode: Mode = mode
         self.max_batch_requests = max_batch_requests  # requests per forward (a CFG request has 2 rows)
+        # batch key -> rows x tokens one forward of that group may hold (None: no budget, rows only)
+        self.token_budget = token_budget or (lambda key: None)
         self.pauses = pauses or Pauses()  # read at every admission; changed by callers' threads
         self.requests: dict[str, Request] = {}  # every unfinished request
         self._groups: dict[Hashable, _Group] = {}
@@ -234,10 +241,16 @@ class Scheduler:
         may_admit = self.mode == "step" or not group.running
         if may_admit:
             free_slots = self.max_batch_requests - len(group.running)
+            budget = self.token_budget(key)
+            tokens = sum(request.cost.per_step for request in group.running)
             startable = [r for r in group.waiting if not self.pauses.reason(r.session_id)]
             for request in self._admission_order(startable)[: max(free_slots, 0)]:
+                fits = budget is None or tokens + request.cost.per_step <= budget
+                if not fits and group.running:  # waits, first in line, until the forward has room
+                    break
                 new.append(request)
                 self._admit(group, request)
+                tokens += request.cost.per_step
         batch = tuple(group.running[: self.max_batch_requests])
         group.served += sum(request.cost.per_step for request in batch)
         now = time.perf_counter()

@@ -9,7 +9,8 @@ containing "[fail:<method>]" raises in that method, "[nan]" makes NaN latents, a
 "[crash]" raises `EngineCrash` in the forward: not an `Exception`, so no request-level
 isolation catches it and the engine thread itself goes down (for testing that path).
 `max_forward_tokens` makes a forward with more latent tokens than that raise torch's
-OutOfMemoryError, as a device that is too small would.
+OutOfMemoryError, as a device that is too small would. `packs=True` makes it a model whose
+forwards take rows of different sizes (as FLUX's packed forwards do): its batch key holds no size.
 
 It starts from an init image as the real families do, in miniature: the image's "latents" are
 its 8x8 cell means (the inverse of its decode), noised with the flow-match scheduler to the
@@ -44,8 +45,8 @@ SCALE = 8  # pixels per latent cell
 
 @dataclass(frozen=True)
 class ToyBatchKey:
-    width: int
-    height: int
+    width: int | None  # None (with height): any size (a packing toy model)
+    height: int | None
 
 
 def prompt_embedding(prompt: str) -> torch.Tensor:
@@ -94,7 +95,9 @@ class ToyPipeline:
         defaults: ModelDefaults | None = None,
         on_forward: Callable[[int, Batch], None] | None = None,
         max_forward_tokens: int | None = None,
+        packs: bool = False,
     ) -> None:
+        self.packs = packs  # rows of different sizes share a forward
         # Sleep per forward, to stand in for model compute in UI and scheduling tests.
         self.step_delay_s = step_delay_s
         self.max_forward_tokens = max_forward_tokens  # a forward with more raises OutOfMemoryError
@@ -128,6 +131,8 @@ class ToyPipeline:
             raise ParamError("num_frames", f"num_frames={params.num_frames}: the toy model makes images, use 1.")
 
     def batch_key(self, params: GenerationParams) -> ToyBatchKey:
+        if self.packs:
+            return ToyBatchKey(width=None, height=None)
         return ToyBatchKey(width=params.width, height=params.height)
 
     def forward_size(self, params: GenerationParams) -> tuple[int, int]:
@@ -180,9 +185,15 @@ class ToyPipeline:
         self.forward_log.append(batch.request_ids)
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
-        latents = torch.stack([s.latents for s in batch.states])
-        t = torch.stack([s.current_timestep for s in batch.states]).float() / 1000.0
-        cond = torch.stack([s.conditioning for s in batch.states])
+        if len({s.latents.shape for s in batch.states}) > 1:  # a packing toy model: rows of any sizes
+            return [self._velocity([s])[0] for s in batch.states]
+        return self._velocity(batch.states)
+
+    @staticmethod
+    def _velocity(states: Sequence[RequestState]) -> list[torch.Tensor]:
+        latents = torch.stack([s.latents for s in states])
+        t = torch.stack([s.current_timestep for s in states]).float() / 1000.0
+        cond = torch.stack([s.conditioning for s in states])
         # velocity = noise - x0 with x0 pulled towards the prompt's colour: row-local only.
         prediction = 0.5 * torch.tanh(latents) - cond[:, :, None, None] * (1.0 - 0.5 * t[:, None, None, None])
         return list(prediction.unbind(0))

@@ -82,7 +82,7 @@ class EngineReplica:
         pipelines = build_pipelines(settings)
         self.device = str(getattr(pipelines[0], "device", settings.device or "cpu"))
         self.engine = Engine(pipelines, mode=settings.mode, max_batch_requests=settings.max_batch,
-                             limits=settings.limits).start()
+                             limits=settings.limits, max_batch_tokens=settings.max_tokens).start()
         if settings.compile:
             from engine.warmup import warm_up
 

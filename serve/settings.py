@@ -32,6 +32,7 @@ class ReplicaSettings:
     step_cache: float | None = None  # pipelines.loader.LoadOptions.step_cache
     mode: str = "step"
     max_batch: int = 8
+    max_tokens: int | None = None  # engine.Engine's max_batch_tokens
     limits: ServingLimits = ServingLimits()
     # CPU: torch threads of this replica (None: torch's own choice).
     torch_threads: int | None = None
@@ -84,7 +85,7 @@ def replica_settings_for(options: StudioOptions, torch_threads: int | None = Non
     """The replica side of the studio's options (model, device, engine, limits)."""
     return ReplicaSettings(
         model=options.model, more_models=tuple(getattr(options, "more_models", ())), device=options.device, dtype=options.dtype, compile=options.compile,
-        prompt_cache=options.prompt_cache, step_cache=getattr(options, "step_cache", None), mode=options.mode, max_batch=options.max_batch, limits=options.limits,
+        prompt_cache=options.prompt_cache, step_cache=getattr(options, "step_cache", None), mode=options.mode, max_batch=options.max_batch, max_tokens=getattr(options, "max_tokens", None), limits=options.limits,
         torch_threads=torch_threads, pin_cpus=pin_cpus, loras=tuple(getattr(options, "loras", ())),
         lora_folder=getattr(options, "lora_folder", "loras"),
     )

@@ -62,6 +62,9 @@ class StudioOptions:
     more_models: tuple[str, ...] = ()  # further models the same engine serves (the first is the default)
     mode: str = "step"  # engine service mode: "step" (co-batch per step) or "request"
     max_batch: int = 8
+    # Rows x latent tokens one forward may hold (engine.cost); None: max_batch of each model's
+    # default request. Lets one large request share a forward with several small ones.
+    max_tokens: int | None = None
     host: str = "127.0.0.1"
     port: int = 7860
     share: bool = False
@@ -110,6 +113,9 @@ class StudioOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
+                                            or self.max_tokens < 1):
+            raise ValueError(f"max_tokens must be a positive integer or None (from --max-batch), got {self.max_tokens!r}.")
         size = self.max_size
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise ValueError(f"max_size must be a positive integer or None (the model's size), got {size!r}.")
