@@ -186,7 +186,8 @@ class Engine(QueueControl):
         if params.seed is None:
             params = replace(params, seed=random.SystemRandom().randrange(_SEED_RANGE))
         pipeline.validate(params)
-        check_supported_size(params, model, pipeline.info.supported_sizes)
+        info = pipeline.info
+        check_supported_size(params, model, info.supported_sizes, info.size_range, info.size_multiple)
         check_image_inputs(params, model, pipeline.info.image_inputs)
         check_step_cache(params, model, pipeline.info.step_cache)
         check_loaded_loras(params.loras, model, pipeline.info.loras)

@@ -32,8 +32,9 @@ class EngineFailedError(EngineClosedError):
 @dataclass(frozen=True)
 class ServingLimits:
     max_steps: int = 100
-    # Largest width or height in pixels. None: the model's default size (the larger of its
-    # default width and height), so one request can't cost many times what the model is made for.
+    # Largest width or height in pixels. None: the model's largest size (its card's size range,
+    # else the larger of its default width and height), so one request can't cost many times
+    # what the model is made for.
     max_size: int | None = None
     max_frames: int = 129
     max_queue: int = 256  # waiting + running requests, all sessions
@@ -53,9 +54,12 @@ class ServingLimits:
             raise ValueError(f"max_session_cost must be a positive number or None, got {cost!r}.")
 
     def resolved_for(self, info: PipelineInfo) -> "ServingLimits":
-        """These limits with `max_size=None` replaced by the model's default size."""
+        """These limits with `max_size=None` replaced by the model's largest size: the top of its
+        card's size range, else its default size."""
         if self.max_size is not None:
             return self
+        if info.size_range is not None:
+            return replace(self, max_size=info.size_range[1])
         return replace(self, max_size=max(info.defaults.width, info.defaults.height))
 
     def check(self, params: GenerationParams) -> None:

@@ -34,6 +34,8 @@ class RequestView:
     model: str = ""  # the loaded model that makes it
     paused: str = ""  # while waiting: why it can't start ("session": its queue is paused; "engine": all are)
     skipped: int = 0  # steps so far that reused its cached residual (step caching)
+    size: str = ""  # "WIDTHxHEIGHT", with " x N frames" for a video: batch-mates of other sizes share forwards
+    tokens: int = 0  # rows x latent tokens it puts in each forward (engine.cost)
 
     @property
     def batch_mates(self) -> tuple[str, ...]:
@@ -70,6 +72,7 @@ class EngineStats:
     # Step caching: model rows that ran every block, and rows that reused their cached residual.
     rows_computed: int = 0
     rows_skipped: int = 0
+    current_batch_tokens: int = 0  # rows x latent tokens of the forward now (engine.cost)
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,11 @@ class EngineSnapshot:
     @property
     def running(self) -> tuple[RequestView, ...]:
         return tuple(r for r in self.requests if r.state == "running")
+
+
+def size_text(params) -> str:
+    frames = params.num_frames or 1
+    return f"{params.width}x{params.height}" + (f" x {frames} frames" if frames > 1 else "")
 
 
 def build_snapshot(scheduler: "Scheduler", activity: EngineActivity) -> EngineSnapshot:
@@ -115,6 +123,8 @@ def build_snapshot(scheduler: "Scheduler", activity: EngineActivity) -> EngineSn
                 batch=scheduler.current_batch if in_batch else (),
                 eta_s=None if step_s is None else remaining * step_s * groups,
                 skipped=len(request.skipped_steps),
+                size=size_text(request.params),
+                tokens=request.cost.per_step,
             )
         )
     # Waiting requests: ETA = the work queued ahead of them spread over the batch's slots.
@@ -138,6 +148,8 @@ def build_snapshot(scheduler: "Scheduler", activity: EngineActivity) -> EngineSn
                 batch=(),
                 eta_s=eta,
                 paused=pauses.reason(request.session_id),
+                size=size_text(request.params),
+                tokens=request.cost.per_step,
             )
         )
         ahead_steps += request.total_steps
@@ -154,5 +166,6 @@ def build_snapshot(scheduler: "Scheduler", activity: EngineActivity) -> EngineSn
         stages_by_model={model: StageStats(**means) for model, means in activity.stage_means_by_model.items()},
         rows_computed=activity.rows_computed,
         rows_skipped=activity.rows_skipped,
+        current_batch_tokens=sum(r.cost.per_step for r in scheduler.requests.values() if r.request_id in batch),
     )
     return EngineSnapshot(taken_at=now, requests=tuple(views), stats=stats, pauses=pauses)

@@ -142,6 +142,9 @@ class PipelineInfo:
     # The only (width, height) pairs served, when the model's card names them; empty: any size
     # that is a multiple of size_multiple (within the server's limits).
     supported_sizes: tuple[tuple[int, int], ...] = ()
+    # The smallest and largest width or height served (multiples of size_multiple), when the
+    # model's card names them; None: any multiple (within the server's limits).
+    size_range: tuple[int, int] | None = None
     # The GenerationParams image fields this model takes ("init_image", "mask_image"); empty:
     # it makes media from text only.
     image_inputs: tuple[str, ...] = ()

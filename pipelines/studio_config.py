@@ -9,6 +9,8 @@ Every key is optional. A folder without the file is served with its family's def
     vocabulary                                                            the only words the model knows;
                                                                           prompts are lower-cased
     sizes ["64x64", ...]                                                  the only sizes served (default: any)
+    size_range [MIN, MAX]                                                 each side from MIN to MAX pixels (in the
+                                                                          family's multiples; default: any)
     step_cache                                                            the step-caching threshold of a request
                                                                           that does not say (default 0: off)
     preview_rgb_factors [C][3], preview_rgb_bias [3]                      latent -> RGB preview in [0, 1],
@@ -45,6 +47,8 @@ class StudioConfig:
     preview_rgb_bias: tuple[float, ...] | None = None
     # The sizes the model makes well (its card's), as (width, height); empty: any size its family allows.
     sizes: tuple[tuple[int, int], ...] = ()
+    # The smallest and largest side the model makes well, in pixels; None: any its family allows.
+    size_range: tuple[int, int] | None = None
     step_cache: float | None = None
 
     def model_defaults(
@@ -126,6 +130,11 @@ def read_studio_config(folder: Path) -> StudioConfig:
         if not (sep and width.isdigit() and height.isdigit() and int(width) > 0 and int(height) > 0):
             raise ValueError(f"{path}: sizes must be a list of \"WIDTHxHEIGHT\" texts like \"64x64\", got {text!r}.")
         sizes.append((int(width), int(height)))
+    size_range = _typed(path, data, "size_range", list)
+    if size_range is not None and not (len(size_range) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                                     and v > 0 for v in size_range)
+                                       and size_range[0] <= size_range[1]):
+        raise ValueError(f"{path}: size_range must be [MIN, MAX] pixels with 0 < MIN <= MAX, got {size_range!r}.")
     return StudioConfig(
         height=_typed(path, data, "height", int),
         width=_typed(path, data, "width", int),
@@ -140,5 +149,6 @@ def read_studio_config(folder: Path) -> StudioConfig:
         preview_rgb_factors=factors,
         preview_rgb_bias=bias,
         sizes=tuple(sizes),
+        size_range=None if size_range is None else (size_range[0], size_range[1]),
         step_cache=None if step_cache is None else float(step_cache),
     )

@@ -56,6 +56,14 @@ def check_size_in(width: int, height: int, name: str, sizes: tuple[tuple[int, in
                                   f"allowed {'sizes are' if len(sizes) > 1 else 'is'} {allowed}.")
 
 
+def check_side_in(name: str, value: int, model: str, size_range: tuple[int, int] | None, size_multiple: int) -> None:
+    """A width or height within the model's card's range (PipelineInfo.size_range)."""
+    if size_range is not None and not size_range[0] <= value <= size_range[1]:
+        low, high = size_range
+        raise ParamError(name, f"{name}={value} is not a size {model} makes: each side from {low} to {high} "
+                               f"pixels, in steps of {size_multiple}.")
+
+
 def check_model_name(model: str, loaded: tuple[str, ...]) -> None:
     if model not in loaded:
         raise ParamError("model", f"model={model!r:.60} is not loaded here; the loaded models are: "
@@ -106,6 +114,10 @@ def check_step_cache(params: GenerationParams, name: str, supported: bool) -> No
                                        "(FLUX and Wan models do); send 0 or leave it out.")
 
 
-def check_supported_size(params: GenerationParams, name: str, sizes: tuple[tuple[int, int], ...]) -> None:
-    """The model's card names the only sizes it makes well: refuse the others, naming them."""
+def check_supported_size(params: GenerationParams, name: str, sizes: tuple[tuple[int, int], ...],
+                         size_range: tuple[int, int] | None = None, size_multiple: int = 1) -> None:
+    """The model's card names the only sizes it makes well, or the range of its sides: refuse the
+    others, naming what it makes."""
     check_size_in(params.width, params.height, name, sizes)
+    for field_name in ("width", "height"):
+        check_side_in(field_name, getattr(params, field_name), name, size_range, size_multiple)

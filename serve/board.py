@@ -143,6 +143,7 @@ def _summed_stats(stats: list[EngineStats], mode: str, max_batch_requests: int) 
         mode=stats[0].mode if stats else mode,
         max_batch_requests=sum(s.max_batch_requests for s in stats) or max_batch_requests,
         current_batch_size=sum(s.current_batch_size for s in stats),
+        current_batch_tokens=sum(s.current_batch_tokens for s in stats),
         steps_per_s=sum(s.steps_per_s for s in stats),
         forwards=sum(s.forwards for s in stats),
         forwards_by_batch_size=dict(forwards_by_size),

@@ -43,6 +43,8 @@ def request_as_dict(view: RequestView, viewer_session: Viewer, show_prompts: boo
         "request_id": view.request_id if is_viewers(view, viewer_session) else short_id(view.request_id),
         "mine": is_viewers(view, viewer_session),
         "model": view.model,
+        "size": view.size,  # batch-mates of other sizes share one forward when the model packs
+        "tokens": view.tokens,  # rows x latent tokens it puts in each forward
         "prompt": visible_prompt(view, viewer_session, show_prompts),
         "state": view.state,
         "step": view.step,
@@ -73,6 +75,7 @@ def snapshot_as_dict(
             "max_batch_requests": stats.max_batch_requests,  # requests per forward (a CFG request has 2 rows)
             "max_batch": stats.max_batch_requests,  # the old name
             "current_batch_size": stats.current_batch_size,
+            "current_batch_tokens": stats.current_batch_tokens,
             "steps_per_s": round(stats.steps_per_s, 3),
             "forwards": stats.forwards,
             "forwards_by_batch_size": {str(k): v for k, v in sorted(stats.forwards_by_batch_size.items())},

@@ -141,3 +141,31 @@ def test_a_request_run_again_after_a_restart_says_so_in_the_table_and_in_queue_j
     assert "<td>waiting · resumed after restart</td>" in bob_row and "<td>running</td>" in alice_row
     listed = snapshot_as_dict(snapshot, "alice", show_prompts=False, resumed={bob_id})["requests"]
     assert {r["request_id"]: r["resumed_after_restart"] for r in listed} == {alice_id: False, short_id(bob_id): True}
+
+
+def test_batch_mates_of_other_sizes_show_their_sizes_and_one_forward():
+    """With a model that packs rows of any size, requests of three sizes share the forward; the view
+    lists each one's size and its batch-mates, and the forward's tokens."""
+    from engine import ServingLimits
+
+    gate = StepGate(1)
+    engine = Engine(ToyPipeline(on_forward=gate, packs=True), limits=ServingLimits(max_size=128))
+    handles = [engine.submit(GenerationParams(prompt=f"p{i}", width=w, height=h, num_inference_steps=4), f"s{i}")
+               for i, (w, h) in enumerate(((128, 64), (64, 64), (32, 96)))]
+    engine.start()
+    gate.wait()
+    snapshot = engine.snapshot()
+    gate.release()
+    engine.close()
+    views = {v.request_id: v for v in snapshot.requests}
+    assert [views[h.request_id].size for h in handles] == ["128x64", "64x64", "32x96"]
+    assert [views[h.request_id].tokens for h in handles] == [128, 64, 48]
+    assert snapshot.stats.current_batch_size == 3 and snapshot.stats.current_batch_tokens == 240
+    page = render_queue(snapshot, viewer_session="s0")
+    first = re.search(rf"data-request='{short_id(handles[0].request_id)}'>(.*?)</tr>", page).group(1)
+    assert "<td>128x64</td>" in first
+    assert f"{short_id(handles[1].request_id)}, {short_id(handles[2].request_id)}" in first
+    assert "3</b> / 8 requests, 240 tokens" in page
+    as_json = snapshot_as_dict(snapshot, "s1", show_prompts=False)
+    assert [r["size"] for r in as_json["requests"]] == ["128x64", "64x64", "32x96"]
+    assert as_json["engine"]["current_batch_tokens"] == 240

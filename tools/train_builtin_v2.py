@@ -312,7 +312,7 @@ def export(args, checkpoint: Path | None = None, out: Path | None = None) -> Non
     defaults = {
         "height": 64,
         "width": 64,
-        "sizes": {"min": min(CANVAS_SIDES), "max": max(CANVAS_SIDES), "step": CANVAS_SIDES[1] - CANVAS_SIDES[0]},
+        "size_range": [min(CANVAS_SIDES), max(CANVAS_SIDES)],
         "max_sequence_length": TEXT_LENGTH,
         "num_inference_steps": 20,
         "guidance_scale": args.guidance_scale,

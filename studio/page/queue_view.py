@@ -32,7 +32,8 @@ QUEUE_CSS = """
 PAUSED_WORDS = {"session": "its queue is paused", "engine": "the studio is paused"}
 ENGINE_PAUSED_NOTE = "The studio is paused by its operator: nothing new starts; running requests finish."
 
-COLUMNS = ("request", "who", "model", "prompt", "state", "progress", "position", "waited", "ETA", "shares batch with")
+COLUMNS = ("request", "who", "model", "size", "prompt", "state", "progress", "position", "waited", "ETA",
+           "shares batch with")
 
 
 def format_step_time(seconds: float | None) -> str:
@@ -80,6 +81,7 @@ def _row(view: RequestView, viewer_session: Viewer, show_prompts: bool, mine_ids
         f"<code>{short_id(view.request_id)}</code>",
         "you" if mine else "–",
         html.escape(view.model or "–"),
+        html.escape(view.size or "–"),
         f'<div class="ss-prompt" title="{html.escape(prompt)}">{html.escape(prompt)}</div>',
         view.state + (f" (paused: {PAUSED_WORDS[view.paused]})" if view.paused else "")
         + (RESUMED if view.request_id in resumed else ""),
@@ -98,7 +100,8 @@ def render_stats(snapshot: EngineSnapshot) -> str:
     finished = ", ".join(f"{name} {count}" for name, count in sorted(stats.finished.items())) or "none yet"
     items = (
         f"mode <b>{html.escape(stats.mode)}</b>",
-        f"batch now <b>{stats.current_batch_size}</b> / {stats.max_batch_requests} requests",
+        f"batch now <b>{stats.current_batch_size}</b> / {stats.max_batch_requests} requests"
+        + (f", {stats.current_batch_tokens} tokens" if stats.current_batch_tokens else ""),
         f"<b>{format_step_time(stats.stages.denoise_step_s)}</b> per denoise step",
         f"waiting <b>{len(snapshot.waiting)}</b>, running <b>{len(snapshot.running)}</b>",
         f"finished: {html.escape(finished)}",

@@ -129,7 +129,7 @@ class ModelForm:
         info, limits = engine.infos[engine.models.resolve(model)], engine.limits_for(model)
         defaults = info.defaults
         step = max(info.size_multiple, 1)
-        size_min = max(MIN_SIZE, step)
+        size_min = max(MIN_SIZE, step, info.size_range[0] if info.size_range else 0)
         size_max = max(limits.max_size, size_min)
         sizes = tuple(f"{w}x{h}" for w, h in info.supported_sizes)
         video = info.output_kind == "video"

@@ -95,6 +95,7 @@ def workflow_limits(engine: EngineClient, config: StudioOptions) -> WorkflowLimi
             uses_negative_prompt=info.uses_negative_prompt,
             makes_video=info.output_kind == "video",
             sizes=tuple(info.supported_sizes),
+            size_range=info.size_range,
             image_inputs=tuple(info.image_inputs),
             loras=tuple(info.loras),
         ))

@@ -15,7 +15,7 @@ from engine.limits import ServingLimits
 from pipelines.errors import ParamError
 from pipelines.lora_request import check_loaded_loras
 from pipelines.params import MAX_FRAMES_ABSOLUTE, check_field
-from pipelines.validation import check_scheduler_name, check_side, check_size_in, check_still_frames
+from pipelines.validation import check_scheduler_name, check_side, check_side_in, check_size_in, check_still_frames
 
 DEFAULT_MAX_BRANCHES = 64
 
@@ -34,6 +34,7 @@ class ModelLimits:
     uses_negative_prompt: bool = True
     makes_video: bool = False
     sizes: tuple[tuple[int, int], ...] = ()  # the only sizes the model serves (empty: any multiple)
+    size_range: tuple[int, int] | None = None  # its smallest and largest side (None: any multiple)
     max_frames: int = MAX_FRAMES_ABSOLUTE
     image_inputs: tuple[str, ...] = ()  # "init_image", "mask_image": the pictures it can start from
     loras: tuple[str, ...] = ()  # the LoRA adapters loaded for it
@@ -60,6 +61,7 @@ class ModelLimits:
         for name in ("width", "height"):
             if name in values:
                 check_side(name, values[name], self.name, self.size_multiple)
+                check_side_in(name, values[name], self.name, self.size_range, self.size_multiple)
         if "num_frames" in values and not self.makes_video:
             check_still_frames(values["num_frames"], self.name)
         if values.get("scheduler") is not None:
