@@ -3,7 +3,8 @@
 - `DiffusersSystem`: the stock diffusers pipeline `__call__` (`FluxPipeline`, or `WanPipeline`
   for a video model), one request at a time from a FIFO queue: what a plain Gradio demo with
   concurrency 1 does.
-- `EngineSystem`: stepstudio's engine in request mode or step mode with a given max batch.
+- `EngineSystem`: stepstudio's engine in request mode or step mode with a given max batch (and,
+  for a model that packs rows of different sizes, with packing off: size groups take turns).
 
 Each `submit(item)` returns a `Ticket` whose `Record` collects the request's timestamps
 (all on this process's `time.perf_counter()` clock, which the engine uses too).
@@ -67,8 +68,11 @@ class EngineSystem:
 
     def __init__(self, model: str, mode: str, max_batch: int, preview_every: int,
                  guidance_scale: float | None = None, step_cache: float | None = 0.0,
-                 batched_decodes: bool = True) -> None:
-        self.pipeline = load_pipeline(model)
+                 batched_decodes: bool = True, packs: bool = True, pipeline=None, keep_images: bool = False) -> None:
+        self.pipeline = pipeline or load_pipeline(model)
+        self.images: dict[int, object] | None = {} if keep_images else None  # item index -> its first image
+        if not packs and getattr(self.pipeline, "packs", False):
+            self.pipeline.packs = False  # each size its own batch key: size groups take turns
         self.preview_every = preview_every
         self.guidance_scale = guidance_scale
         self.step_cache = step_cache
@@ -79,8 +83,8 @@ class EngineSystem:
     def params(self, item: WorkItem) -> GenerationParams:
         return GenerationParams(
             prompt=item.prompt,
-            width=item.size,
-            height=item.size,
+            width=item.width_height[0],
+            height=item.width_height[1],
             num_inference_steps=item.steps,
             seed=item.seed,
             preview_every=self.preview_every,
@@ -110,6 +114,8 @@ class EngineSystem:
                 elif isinstance(event, (Completed, Aborted, Failed)):
                     record.finished = now
                     record.status = {Completed: "completed", Aborted: "aborted", Failed: "failed"}[type(event)]
+                    if isinstance(event, Completed) and self.images is not None:
+                        self.images[item.index] = event.images[0]
             done.set()
 
         threading.Thread(target=follow, daemon=True).start()
@@ -127,7 +133,8 @@ class DiffusersSystem:
     """FluxPipeline.__call__ (WanPipeline.__call__ for a video model) one request at a time, with
     the model's serving defaults."""
 
-    def __init__(self, model: str, preview_every: int, guidance_scale: float | None = None) -> None:
+    def __init__(self, model: str, preview_every: int, guidance_scale: float | None = None,
+                 keep_images: bool = False) -> None:
         from pathlib import Path
 
         from diffusers import FluxPipeline
@@ -152,6 +159,7 @@ class DiffusersSystem:
             guidance_scale = studio.guidance_scale if studio.guidance_scale is not None else family_default
         self.guidance_scale = guidance_scale
         self.negative_prompt = studio.negative_prompt
+        self.images: dict[int, object] | None = {} if keep_images else None  # item index -> its first image
         self._queue: queue.Queue = queue.Queue()
         self._worker = threading.Thread(target=self._serve, daemon=True)
         self._worker.start()
@@ -178,17 +186,19 @@ class DiffusersSystem:
                     pipe._interrupt = True  # diffusers skips the remaining steps, then still decodes
                 return callback_kwargs
 
-            self.pipe(
+            output = self.pipe(
                 prompt=item.prompt,
                 **self._guidance(item),
-                height=item.size,
-                width=item.size,
+                height=item.width_height[1],
+                width=item.width_height[0],
                 num_inference_steps=item.steps,
                 generator=torch.Generator().manual_seed(item.seed),
                 max_sequence_length=self.max_sequence_length,
                 callback_on_step_end=on_step_end,
             )
             self._forwards += record.steps_done
+            if self.images is not None:
+                self.images[item.index] = output.images[0] if not self.makes_video else output.frames[0]
             record.finished = time.perf_counter()
             record.status = "aborted" if record.cancel_requested is not None else "completed"
             done.set()
@@ -298,7 +308,7 @@ class HttpSystem:
 
         record = Record(item.index, item.steps, submitted=time.perf_counter())
         done = threading.Event()
-        body = {"prompt": item.prompt, "size": f"{item.size}x{item.size}", "num_inference_steps": item.steps,
+        body = {"prompt": item.prompt, "size": "{}x{}".format(*item.width_height), "num_inference_steps": item.steps,
                 "seed": item.seed, "response_format": "b64_json"}
         if self.guidance_scale is not None:
             body["guidance_scale"] = self.guidance_scale

@@ -34,10 +34,15 @@ class WorkItem:
     arrival_s: float  # open loop: seconds after the start when it arrives
     prompt: str
     steps: int
-    size: int
+    size: int  # width (and height, unless `height` says otherwise)
     seed: int
     cancel_after_step: int | None  # cancel once this many steps are done (None: never)
     frames: int | None = None  # a video's frame count (None: an image)
+    height: int | None = None  # None: square (`size` x `size`)
+
+    @property
+    def width_height(self) -> tuple[int, int]:
+        return self.size, self.height or self.size
 
 
 @dataclass(frozen=True)
@@ -85,19 +90,23 @@ def make_workload(
     users: int,
     rate_per_s: float,
     steps_mix: tuple[int, ...],
-    sizes: tuple[int, ...],
+    sizes: tuple[int | tuple[int, int], ...],
     cancel_fraction: float,
     seed: int,
     arrivals: Literal["poisson", "fixed"] = "poisson",
     guidance_scale: float | None = None,
     frames_mix: tuple[int, ...] = (),
+    prompts: list[str] | None = None,
 ) -> Workload:
+    """`sizes`: square sides, or (width, height) pairs; `prompts`: the requests' prompts, in order
+    (None: the built-in worlds' examples)."""
     if num_requests < 1 or users < 1:
         raise ValueError(f"num_requests={num_requests} and users={users} must both be at least 1.")
     if not 0.0 <= cancel_fraction < 1.0:
         raise ValueError(f"cancel_fraction={cancel_fraction} must be in [0, 1).")
     rng = random.Random(seed)
-    prompts = moving_shape_prompts(num_requests, seed) if frames_mix else shape_prompts(num_requests, seed)
+    if prompts is None:
+        prompts = moving_shape_prompts(num_requests, seed) if frames_mix else shape_prompts(num_requests, seed)
     items, clock = [], 0.0
     for index in range(num_requests):
         steps = rng.choice(steps_mix)
@@ -108,10 +117,13 @@ def make_workload(
             arrival_s=round(clock, 6),
             prompt=prompts[index].lower(),
             steps=steps,
-            size=rng.choice(sizes),
-            seed=rng.randrange(2**31),
+            size=0,
+            seed=0,
             cancel_after_step=max(1, steps // 2) if cancel else None,
         )
+        size = rng.choice(sizes)
+        width, height = size if isinstance(size, tuple) else (size, None)
+        item = replace(item, size=width, height=height, seed=rng.randrange(2**31))
         items.append(replace(item, frames=rng.choice(frames_mix)) if frames_mix else item)
         if kind == "open":
             clock += rng.expovariate(rate_per_s) if arrivals == "poisson" else 1.0 / rate_per_s
