@@ -48,6 +48,7 @@ from pipelines.interface import Batch, ModelDefaults, PipelineInfo, RequestState
 from pipelines.loader import LoadOptions, load_diffusers_pipeline
 from pipelines.lora_adapters import read_adapter
 from pipelines.lora_rows import RowLoras
+from pipelines.packing import PackedModel
 from pipelines.params import GenerationParams
 from pipelines.prompt_cache import AdaptedText, BatchedPromptEncoder, PromptEmbeddingCache, PromptKey
 from pipelines.step_cache import BlockStack, CachedRun, RowStepCache, StepCacheState, cached_requests, step_caching
@@ -110,6 +111,8 @@ class DiffusersStepPipeline(ImageStart, BatchedPromptEncoder):
     image_inputs: tuple[str, ...] = ()
     # How the family's transformer runs its blocks, for step caching (None: it does not cache steps).
     block_stack: BlockStack | None = None
+    # The family's packed forward (pipelines/packing.PackedModel; None: rows of one shape per forward).
+    packed_model: PackedModel | None = None
 
     def __init__(
         self,
@@ -332,14 +335,35 @@ class DiffusersStepPipeline(ImageStart, BatchedPromptEncoder):
                     prediction = self._forward(denoiser, layout.rows)
         return layout.combine(prediction, self._guide)
 
-    def _runs_packed(self, rows: Sequence[Row]) -> bool:
-        """Whether these rows run as one packed forward (pipelines/packing.py) instead of `_forward`:
-        a family that packs says so when its rows differ in size."""
+    @functools.cached_property
+    def packs(self) -> bool:
+        """Whether rows of different sizes share a forward (packed, pipelines/packing.py): the family
+        has a packed forward, and its attention runs through our own per-row kernels (SDPA or
+        flash-attn, stock processors). Set it to False to make sizes take turns."""
+        return (self.packed_model is not None and self.attention_backend in ("native", "flash")
+                and all(self._packable(denoiser) for denoiser in self.denoisers))
+
+    def _packable(self, denoiser: torch.nn.Module) -> bool:
+        """Whether this denoiser's modules are the stock ones the packed forward reproduces."""
         return False
+
+    def _row_shape(self, row: Row) -> tuple:
+        """What a forward's rows must share to be stacked (their latents' and text's shapes)."""
+        return tuple(row.state.latents.shape)
+
+    def _runs_packed(self, rows: Sequence[Row]) -> bool:
+        """Whether these rows run as one packed forward instead of `_forward`: they differ in shape."""
+        return self.packs and len({self._row_shape(row) for row in rows}) > 1
 
     def _packed_forward(self, denoiser: torch.nn.Module, rows: Sequence[Row], run: CachedRun | None) -> list[torch.Tensor]:
         """ONE packed forward over rows of different sizes: one prediction per row, in row order;
         `run` runs the blocks when a request caches steps (pipelines/step_cache.CachedRun)."""
+        model = self.packed_model
+        return model.forward(denoiser, [self._packed_row(row) for row in rows], self.loras.tokens,
+                             model.blocks_runner(denoiser, run))
+
+    def _packed_row(self, row: Row):
+        """One row as the family's packed forward takes it (FluxRow, WanRow)."""
         raise NotImplementedError(f"{type(self).__name__} does not pack rows of different sizes.")
 
     @abc.abstractmethod

@@ -29,7 +29,6 @@ forward needs. Guidance scales and CFG are per row, so they are not in the key.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
@@ -41,14 +40,12 @@ from PIL import Image
 from pipelines.cfg import Row
 from pipelines.diffusers_step import RequestExtra, text_length
 from pipelines.flow_match import FlowMatchStepPipeline
-from pipelines.flux_packed import FluxRow, packed_forward, run_blocks
-from pipelines.flux_packed import modulated_input as packed_modulated_input
-from pipelines.packing import PackedRows, PackedStreams
+from pipelines.flux_packed import FLUX, FluxRow
 from pipelines.interface import RequestState
 from pipelines.latent_preview import projection_for
 from pipelines.params import GenerationParams
 from pipelines.prompt_cache import split_rows
-from pipelines.step_cache import BlockStack, CachedRun
+from pipelines.step_cache import BlockStack
 from pipelines.studio_config import StudioConfig
 
 MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's limit for the T5 prompt
@@ -86,6 +83,7 @@ class FluxStepPipeline(FlowMatchStepPipeline):
     image_inputs = ("init_image", "mask_image")
     # Step caching: the double-stream blocks, then the single-stream ones; each takes and returns
     # the text and image streams (FluxTransformer2DModel.forward).
+    packed_model = FLUX
     block_stack = BlockStack(
         lists=("transformer_blocks", "single_transformer_blocks"),
         returns=("encoder_hidden_states", "hidden_states"),
@@ -125,14 +123,10 @@ class FluxStepPipeline(FlowMatchStepPipeline):
             max_sequence_length=str(self.max_sequence_length),
         )
 
-    @functools.cached_property
-    def packs(self) -> bool:
-        """Whether rows of different sizes share a forward (packed): the attention runs through our
-        own per-row kernel, so only the stock, unfused FLUX processors on SDPA or flash-attn qualify."""
-        attentions = [m for m in self.denoiser.modules() if hasattr(m, "processor")]
-        return (self.attention_backend in ("native", "flash")
-                and all(type(m.processor).__name__ == "FluxAttnProcessor" and not getattr(m, "fused_projections", False)
-                        for m in attentions))
+    def _packable(self, denoiser: torch.nn.Module) -> bool:
+        attentions = [m for m in denoiser.modules() if hasattr(m, "processor")]
+        return all(type(m.processor).__name__ == "FluxAttnProcessor" and not getattr(m, "fused_projections", False)
+                   for m in attentions)
 
     def batch_key(self, params: GenerationParams) -> FluxBatchKey:
         if self.packs:
@@ -205,17 +199,8 @@ class FluxStepPipeline(FlowMatchStepPipeline):
             return_dict=False,
         )[0]
 
-    def _runs_packed(self, rows: Sequence[Row]) -> bool:
-        return self.packs and len({(row.state.latents.shape, row.text.embeds.shape) for row in rows}) > 1
-
-    def _packed_forward(self, denoiser: torch.nn.Module, rows: Sequence[Row], run: CachedRun | None) -> list[torch.Tensor]:
-        blocks_runner = run_blocks
-        if run is not None:
-            first = denoiser.transformer_blocks[0]
-            def blocks_runner(blocks, values):
-                return run(blocks, values, PackedRows(values["packing"], PackedStreams()),
-                           lambda inputs: packed_modulated_input(first, inputs))
-        return packed_forward(denoiser, [self._packed_row(row) for row in rows], self.loras.tokens, blocks_runner)
+    def _row_shape(self, row: Row) -> tuple:
+        return tuple(row.state.latents.shape), tuple(row.text.embeds.shape)
 
     def _packed_row(self, row: Row) -> FluxRow:
         state = row.state

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import itertools
 from dataclasses import dataclass
 from typing import Callable, ContextManager, Sequence
 
@@ -34,6 +35,12 @@ import torch.nn.functional as F
 # token -> row map of the stream about to run (None: the forward's rows themselves) -> a context in
 # which the row-wise hooks (LoRA deltas, pipelines/lora_rows.py) read that map
 TokenScope = Callable[[torch.Tensor | None], ContextManager]
+
+
+# Token-wise work that the kernels don't block for the cache (the rotary embedding) runs in chunks of
+# this many tokens: a whole packed stream overflows a CPU core's L2 cache (measured here: the rotary
+# embedding of 2,152 tokens took 2.5 ms in one piece, 0.86 ms in chunks of 512).
+CHUNK_TOKENS = 512
 
 
 def no_token_scope(token_rows: torch.Tensor | None) -> ContextManager:
@@ -72,12 +79,6 @@ class Packing:
                                         for r, n in enumerate(self.text_lengths)])
         self.image_in_joint = torch.cat([starts[r] + self.text_lengths[r] + torch.arange(n, device=self.device)
                                          for r, n in enumerate(self.image_lengths)])
-        # Rows grouped by their joint length: one attention call per group on CPU.
-        groups: dict[int, list[int]] = {}
-        for row, length in enumerate(self.joint_lengths):
-            groups.setdefault(length, []).append(row)
-        joint_starts = starts.tolist()
-        self._groups = [(length, [joint_starts[r] for r in members]) for length, members in groups.items()]
 
     @property
     def rows(self) -> int:
@@ -124,22 +125,40 @@ class Packing:
     # ------------------------------------------------------------------ attention
     def attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """Attention within each row's document of the joint sequence ([T_joint, heads, dim] each)."""
-        varlen = _flash_varlen()
-        if varlen is not None and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16):
-            lengths = torch.tensor(self.joint_lengths, device=query.device, dtype=torch.int32)
-            cu_seqlens = F.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
-            longest = max(self.joint_lengths)
-            return varlen(query, key, value, cu_seqlens, cu_seqlens, longest, longest)
-        out = torch.empty_like(query)
-        for length, starts in self._groups:
-            index = (torch.tensor(starts, device=query.device)[:, None]
-                     + torch.arange(length, device=query.device)[None, :]).flatten()
-            # [rows, heads, length, dim], as diffusers' native backend calls SDPA
-            q, k, v = (t.index_select(0, index).view(len(starts), length, *t.shape[1:]).transpose(1, 2)
-                       for t in (query, key, value))
-            attended = F.scaled_dot_product_attention(q, k, v)
-            out.index_copy_(0, index, attended.transpose(1, 2).reshape(len(index), *query.shape[1:]))
-        return out
+        return segment_attention(query, key, value, self.joint_lengths, self.joint_lengths)
+
+
+def segment_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      query_lengths: Sequence[int], key_lengths: Sequence[int]) -> torch.Tensor:
+    """Attention of each row's query tokens to that row's key tokens only: the rows' segments lie end
+    to end in `query` ([sum of query_lengths, heads, dim]) and in `key`/`value`. flash-attn's varlen
+    kernel on CUDA in half precision; elsewhere one SDPA call per run of rows with equal lengths (a
+    batch of those rows, as diffusers' native backend calls it)."""
+    varlen = _flash_varlen()
+    if varlen is not None and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16):
+        cu_q, cu_k = (F.pad(torch.cumsum(torch.tensor(lengths, device=query.device, dtype=torch.int32), 0,
+                                         dtype=torch.int32), (1, 0)) for lengths in (query_lengths, key_lengths))
+        return varlen(query, key, value, cu_q, cu_k, max(query_lengths), max(key_lengths))
+    q_starts = [0] + list(itertools.accumulate(query_lengths))[:-1]
+    k_starts = [0] + list(itertools.accumulate(key_lengths))[:-1]
+    groups: dict[tuple[int, int], list[int]] = {}
+    for row, lengths in enumerate(zip(query_lengths, key_lengths)):
+        groups.setdefault(lengths, []).append(row)
+    out = query.new_empty(query.shape[:-1] + value.shape[-1:])
+    for (q_length, k_length), rows in groups.items():
+        q_index, k_index = (_runs([starts[r] for r in rows], length, query.device)
+                            for starts, length in ((q_starts, q_length), (k_starts, k_length)))
+        # [rows, heads, length, dim]
+        q = query.index_select(0, q_index).view(len(rows), q_length, *query.shape[1:]).transpose(1, 2)
+        k, v = (t.index_select(0, k_index).view(len(rows), k_length, *t.shape[1:]).transpose(1, 2) for t in (key, value))
+        attended = F.scaled_dot_product_attention(q, k, v)
+        out.index_copy_(0, q_index, attended.transpose(1, 2).reshape(len(q_index), *out.shape[1:]))
+    return out
+
+
+def _runs(starts: Sequence[int], length: int, device) -> torch.Tensor:
+    """The token indices of runs of `length` tokens beginning at `starts`, run after run."""
+    return (torch.tensor(starts, device=device)[:, None] + torch.arange(length, device=device)[None, :]).flatten()
 
 
 @dataclass(frozen=True)
@@ -150,6 +169,7 @@ class PackedStreams:
     text: str | None = "encoder_hidden_states"  # [text tokens, ...]
     per_row: tuple[str, ...] = ("temb",)  # [rows, ...]
     per_joint_token: tuple[str, ...] = ("image_rotary_emb",)  # tuples of [joint tokens, ...] tensors
+    per_image_token: tuple[str, ...] = ()  # tuples of [image tokens, ...] tensors
 
 
 class PackedRows:
@@ -173,7 +193,33 @@ class PackedRows:
         for name in (self.streams.image, self.streams.text) + self.streams.per_row:
             if name is not None:
                 subset[name] = values[name].index_select(0, self.index(name, rows))
-        joint = self.packing.tokens("joint", rows)
-        for name in self.streams.per_joint_token:
-            subset[name] = tuple(part.index_select(0, joint) for part in values[name])
+        for kind, names in (("joint", self.streams.per_joint_token), ("image", self.streams.per_image_token)):
+            if names:
+                tokens = self.packing.tokens(kind, rows)
+                for name in names:
+                    subset[name] = tuple(part.index_select(0, tokens) for part in values[name])
         return subset
+
+
+@dataclass(frozen=True)
+class PackedModel:
+    """What a family file says about its packed forward (pipelines/flux_packed.py, wan_packed.py)."""
+
+    forward: Callable  # (model, model rows, TokenScope, blocks_runner) -> one prediction per row
+    run_blocks: Callable[[Sequence, dict], dict]  # every block in turn over the block inputs
+    modulated_input: Callable  # (first block, block inputs) -> its modulated input (TeaCache's signal)
+    first_block: Callable  # model -> its first block
+    streams: PackedStreams  # the block inputs by kind, for the step cache
+
+    def blocks_runner(self, denoiser, run):
+        """How the forward runs its blocks: in turn, or through a step cache's per-request `run`
+        (pipelines/step_cache.CachedRun)."""
+        if run is None:
+            return self.run_blocks
+        first = self.first_block(denoiser)
+
+        def cached(blocks: Sequence, values: dict) -> dict:
+            return run(blocks, values, PackedRows(values["packing"], self.streams),
+                       lambda inputs: self.modulated_input(first, inputs))
+
+        return cached

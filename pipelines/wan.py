@@ -21,8 +21,11 @@ Wan 2.2's two experts: `transformer` denoises timesteps >= boundary_ratio x num_
 `denoise_step`. The guidance scale is the same for both experts (__call__'s default
 `guidance_scale_2`).
 
-Co-batching: every text row has max_sequence_length tokens and every row its own timestep,
-so the batch key is the latent shape: frames, height and width.
+Co-batching: every text row has max_sequence_length tokens and every row its own timestep. A
+forward whose videos differ in size or frame count runs packed (pipelines/wan_packed.py: each row's
+video tokens end to end, attention within each row), so the batch key holds no shape. Where packing
+can't keep rows apart (another attention backend, image-conditioned or fused attention, Wan 2.2
+TI2V's per-patch timesteps) the key is the latent shape: frames, height and width.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from diffusers import WanPipeline, WanTransformer3DModel
 from diffusers.utils import is_accelerate_available
 from PIL import Image
 
+from pipelines import wan_packed
 from pipelines.attention import select_attention_backend
 from pipelines.cfg import Row
 from pipelines.diffusers_step import text_length
@@ -55,9 +59,9 @@ FPS = 16  # the frame rate the released Wan 2.1 / 2.2 A14B videos are exported a
 
 @dataclass(frozen=True)
 class WanBatchKey:
-    num_frames: int
-    height: int
-    width: int
+    num_frames: int | None  # None (with height and width): any shape, rows of different shapes run packed
+    height: int | None
+    width: int | None
 
 
 class _WanTransformerWithoutAccelerate(WanTransformer3DModel):
@@ -97,6 +101,7 @@ class WanStepPipeline(FlowMatchStepPipeline):
     output_kind = "video"
     # Step caching: one list of blocks, each taking and returning the video tokens
     # (WanTransformer3DModel.forward).
+    packed_model = wan_packed.WAN
     block_stack = BlockStack(
         lists=("blocks",),
         returns=("hidden_states",),
@@ -155,7 +160,19 @@ class WanStepPipeline(FlowMatchStepPipeline):
         check_video_params(params, self.label, self.info.size_multiple, self.schedulers, self.temporal_factor)
 
     def batch_key(self, params: GenerationParams) -> WanBatchKey:
+        if self.packs:
+            return WanBatchKey(num_frames=None, height=None, width=None)
         return WanBatchKey(num_frames=params.num_frames, height=params.height, width=params.width)
+
+    def _packable(self, denoiser: torch.nn.Module) -> bool:
+        return not self.pipe.config.expand_timesteps and wan_packed.packs(denoiser)
+
+    def _row_shape(self, row: Row) -> tuple:
+        return tuple(row.state.latents.shape), tuple(row.text.shape)
+
+    def _packed_row(self, row: Row) -> wan_packed.WanRow:
+        return wan_packed.WanRow(latents=row.state.latents.to(self.denoiser.dtype), timestep=row.state.current_timestep,
+                                 text=row.text)
 
     # ------------------------------------------------------------------ texts
     def _uses_cfg(self, params: GenerationParams) -> bool:

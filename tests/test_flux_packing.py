@@ -3,14 +3,16 @@ forward, each exactly as its solo run. The stock FluxPipeline.__call__ stays the
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from diffusers import FluxPipeline, FluxTransformer2DModel
 from diffusers.utils import logging as diffusers_logging
 
-import pipelines.flux as flux_module
 from engine import Engine
-from pipelines.flux_packed import FluxRow, packed_forward
+from pipelines.flux import FluxStepPipeline
+from pipelines.flux_packed import FLUX, FluxRow, packed_forward
 from pipelines.packing import Packing
 from tests.pipeline_parity import (
     SIZE,
@@ -47,17 +49,16 @@ def dev(tmp_path_factory):
 
 
 class PackedForwards:
-    """Counts the packed forwards a pipeline runs and their rows (monkeypatched into pipelines.flux)."""
+    """Counts the packed forwards FLUX pipelines run and their rows."""
 
     def __init__(self, monkeypatch) -> None:
         self.rows: list[int] = []
-        original = flux_module.packed_forward
 
         def counting(model, rows, *args, **kwargs):
             self.rows.append(len(rows))
-            return original(model, rows, *args, **kwargs)
+            return packed_forward(model, rows, *args, **kwargs)
 
-        monkeypatch.setattr(flux_module, "packed_forward", counting)
+        monkeypatch.setattr(FluxStepPipeline, "packed_model", replace(FLUX, forward=counting))
 
 
 # ---------------------------------------------------------------------------- the transformer alone

@@ -103,7 +103,16 @@ def test_model_limits_are_checked_at_submission(wan, overrides, message):
         Engine(wan.pipeline).submit(video(**overrides))
 
 
-def test_batch_key_is_the_latent_shape(wan):
+def test_every_shape_shares_a_batch_key_when_rows_pack(wan):
+    key = wan.pipeline.batch_key
+    assert wan.pipeline.packs  # videos of different shapes run packed (pipelines/wan_packed.py)
+    others = [video(prompt="x", seed=9, num_inference_steps=30, guidance_scale=6.0, negative_prompt="blurry"),
+              video(num_frames=13), video(width=48)]
+    assert {key(p) for p in [video(), *others]} == {WanBatchKey(num_frames=None, height=None, width=None)}
+
+
+def test_without_packing_the_batch_key_is_the_latent_shape(wan, monkeypatch):
+    monkeypatch.setitem(wan.pipeline.__dict__, "packs", False)
     key = wan.pipeline.batch_key
     base = video()
     assert key(base) == WanBatchKey(num_frames=FRAMES, height=SIZE, width=SIZE)
