@@ -14,8 +14,10 @@ shared half is in pipelines/diffusers_step.py and pipelines/flow_match.py:
 
 CFG is on when guidance_scale > 1 (SD3's rule); a missing negative prompt is "" as in
 diffusers. Rows carry their own timestep and guidance scale, and the text length is fixed
-(CLIP length + max_sequence_length T5 tokens), so the batch key is the image size (and that
-length). Skip-layer guidance (SD3.5 medium's optional extra forward) is not offered.
+(CLIP length + max_sequence_length T5 tokens). A forward whose rows differ in size runs packed
+(pipelines/sd3_packed.py), so the batch key holds no size; where packing can't keep rows apart
+(another attention backend or processor) the key is the image size (and that length).
+Skip-layer guidance (SD3.5 medium's optional extra forward) is not offered.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 from diffusers import StableDiffusion3Pipeline
 from diffusers.image_processor import VaeImageProcessor
 
+from pipelines import sd3_packed
 from pipelines.cfg import Row
 from pipelines.diffusers_step import text_length
 from pipelines.flow_match import FlowMatchStepPipeline
@@ -42,8 +45,8 @@ DEFAULT_SEQUENCE_LENGTH = 256  # StableDiffusion3Pipeline's default
 
 @dataclass(frozen=True)
 class SD3BatchKey:
-    height: int
-    width: int
+    height: int | None  # None (with width): any size, rows of different sizes run packed
+    width: int | None
     max_sequence_length: int
 
 
@@ -58,6 +61,7 @@ class SD3StepPipeline(FlowMatchStepPipeline):
     family = "sd3"
     label = "Stable Diffusion 3"
     diffusers_class = StableDiffusion3Pipeline
+    packed_model = sd3_packed.SD3
     image_inputs = ("init_image", "mask_image")
 
     def __init__(self, pipe, device, name, studio: StudioConfig | None = None, scheduler: str | None = None) -> None:
@@ -82,7 +86,19 @@ class SD3StepPipeline(FlowMatchStepPipeline):
         )
 
     def batch_key(self, params: GenerationParams) -> SD3BatchKey:
+        if self.packs:
+            return SD3BatchKey(height=None, width=None, max_sequence_length=self.max_sequence_length)
         return SD3BatchKey(height=params.height, width=params.width, max_sequence_length=self.max_sequence_length)
+
+    def _packable(self, denoiser: torch.nn.Module) -> bool:
+        return sd3_packed.packs(denoiser)
+
+    def _row_shape(self, row: Row) -> tuple:
+        return tuple(row.state.latents.shape), tuple(row.text.embeds.shape)
+
+    def _packed_row(self, row: Row) -> sd3_packed.SD3Row:
+        return sd3_packed.SD3Row(latents=row.state.latents, timestep=row.state.current_timestep,
+                                 embeds=row.text.embeds, pooled=row.text.pooled)
 
     # ------------------------------------------------------------------ texts
     def _uses_cfg(self, params: GenerationParams) -> bool:

@@ -127,11 +127,31 @@ def test_requests_joining_one_step_share_one_text_encoding_and_match_sd3_pipelin
         assert_same(ours, family.reference(p))
 
 
-def test_batch_key_is_the_image_size_only(family):
+def test_batch_key_holds_no_size_when_rows_pack(family):
+    assert family.pipeline.packs  # images of different sizes run packed (pipelines/sd3_packed.py)
+    a = request(seed=1, num_inference_steps=4, guidance_scale=1.0)
+    b = request("another prompt", seed=2, num_inference_steps=30, guidance_scale=7.0, negative_prompt="blurry")
+    taller = request(height=SIZE * 2)
+    assert {family.pipeline.batch_key(p) for p in (a, b, taller)} == {SD3BatchKey(None, None, T5_LENGTH)}
+
+
+def test_without_packing_the_batch_key_is_the_image_size_only(family, monkeypatch):
+    monkeypatch.setitem(family.pipeline.__dict__, "packs", False)
     a = request(seed=1, num_inference_steps=4, guidance_scale=1.0)
     b = request("another prompt", seed=2, num_inference_steps=30, guidance_scale=7.0, negative_prompt="blurry")
     assert family.pipeline.batch_key(a) == family.pipeline.batch_key(b) == SD3BatchKey(SIZE, SIZE, T5_LENGTH)
     assert family.pipeline.batch_key(request(height=SIZE * 2)) != family.pipeline.batch_key(a)
+
+
+def test_staggered_requests_of_different_sizes_share_packed_forwards_and_match_the_stock_pipeline(family):
+    requests = [
+        (0, request("a red circle", seed=1, num_inference_steps=4)),
+        (1, request("a blue square", seed=2, num_inference_steps=3, width=48, height=16, guidance_scale=3.0)),  # CFG
+        (1, request("a green triangle", seed=3, num_inference_steps=2, width=16, height=40)),
+    ]
+    states = drive(family.pipeline, requests)
+    for (_, p), state in zip(requests, states):
+        assert_step_outputs_match(family, state, p)
 
 
 @pytest.mark.parametrize(
@@ -154,3 +174,29 @@ def test_corrupt_sd3_folder_is_a_clear_error(tmp_path):
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusion3Pipeline"}))
     with pytest.raises(ValueError, match="could not load .* as a Stable Diffusion 3 checkpoint"):
         load_pipeline(str(tmp_path))
+
+
+def test_packed_sd35_transformer_gives_every_row_its_solo_forward():
+    """SD3.5's layout (its second, image-only attention and q/k norms), packed against solo forwards."""
+    import torch
+    from diffusers import SD3Transformer2DModel
+
+    from pipelines.sd3_packed import SD3Row, packed_forward
+    from tests.pipeline_parity import assert_close
+
+    torch.manual_seed(0)
+    model = SD3Transformer2DModel(sample_size=32, patch_size=2, in_channels=4, num_layers=3, attention_head_dim=8,
+                                  num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=32,
+                                  pooled_projection_dim=16, out_channels=4, dual_attention_layers=(0, 1),
+                                  qk_norm="rms_norm").eval()
+    generator = torch.Generator().manual_seed(1)
+    shapes = [(16, 16, 12), (8, 24, 12), (24, 8, 5), (2, 2, 3)]  # (height, width, text tokens) of the latents
+    rows = [SD3Row(torch.randn(1, 4, h, w, generator=generator), torch.tensor(float(250 * i + 3)),
+                   torch.randn(1, n, 32, generator=generator), torch.randn(1, 16, generator=generator))
+            for i, (h, w, n) in enumerate(shapes)]
+    with torch.no_grad():
+        packed = packed_forward(model, rows)
+        for row, prediction in zip(rows, packed):
+            solo = model(hidden_states=row.latents, timestep=row.timestep[None], encoder_hidden_states=row.embeds,
+                         pooled_projections=row.pooled, return_dict=False)[0]
+            assert_close(prediction, solo, "packed SD3.5 row")
