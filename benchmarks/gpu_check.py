@@ -18,7 +18,11 @@ whatever would not fit is skipped and listed, with the reason):
 4. caching  per-row step caching on the same transformer at 1024x1024: rows skipped, images/s
             against caching off, and that a threshold skipping nothing is exactly caching off
             (benchmarks/gpu_caching.py)
-5. compile  the batching curve again with the studio's `--compile`, in a child process that is
+5. packing  rows at 512, 768 and 1024 in ONE packed forward of the same transformer, with
+            flash-attn's varlen kernel (when installed), one SDPA call per size, and padding to
+            the largest; against one forward per size; parity of every row with its solo forward
+            in bf16 (benchmarks/gpu_packing.py)
+6. compile  the batching curve again with the studio's `--compile`, in a child process that is
             stopped at the section's time limit (benchmarks/gpu_compile.py)
 
 Writes `gpu_check.json` (every measurement) and `gpu_check.md` (the tables; a dry run writes
@@ -149,6 +153,14 @@ def run_caching(settings: CheckSettings, section: Section, model: RealSizeModel,
     return measure_caching(pipeline, settings, section)
 
 
+def run_packing(settings: CheckSettings, section: Section, model: RealSizeModel, workdir: Path) -> dict:
+    from benchmarks.gpu_packing import measure_packing
+
+    pipeline, _ = model.get()
+    return measure_packing(pipeline.transformer, settings.packing_sizes, settings.stand_in.text_tokens,
+                           settings.packing_per_size, settings.packing_repeats, section)
+
+
 def run_compile(settings: CheckSettings, section: Section, model: RealSizeModel, workdir: Path) -> dict:
     from benchmarks.gpu_compile import compiled_curve
 
@@ -157,7 +169,7 @@ def run_compile(settings: CheckSettings, section: Section, model: RealSizeModel,
 
 
 RUNNERS = {"parity": run_parity, "memory": run_memory, "serving": run_serving, "caching": run_caching,
-           "compile": run_compile}
+           "packing": run_packing, "compile": run_compile}
 
 
 # ---------------------------------------------------------------------------- the whole check

@@ -125,6 +125,19 @@ def caching_table(section: dict) -> list[str]:
     return lines
 
 
+def packing_table(section: dict) -> list[str]:
+    sizes = ", ".join(f"{s}x{s}" for s in section["sizes"])
+    lines = ["", f"### Packed forwards: {section['rows_per_size']} rows each at {sizes} in one forward", "",
+             "| system | s/forward | x separate | attention kernel that ran | max rel diff from solo |",
+             "|---|---|---|---|---|"]
+    for row in section["rows"]:
+        lines.append(f"| {row['system']} | {_num(row['seconds'], 3)} | {_num(row['x_separate'])} | {row['kernel']} | "
+                     f"{_sci(row['max_rel_diff'])} |")
+    if section.get("skipped_varlen"):
+        lines.append(f"\nvarlen not measured: {section['skipped_varlen']}.")
+    return lines
+
+
 def skipped_list(report: dict) -> list[str]:
     lines = []
     for name, section in report["sections"].items():
@@ -150,5 +163,7 @@ def markdown(report: dict) -> str:
         lines += curve_table(report["settings"]["curve_size"], serving and serving["curve"], compiled)
     if sections.get("caching", {}).get("status") == "ran":
         lines += caching_table(sections["caching"])
+    if sections.get("packing", {}).get("status") == "ran":
+        lines += packing_table(sections["packing"])
     lines += skipped_list(report)
     return "\n".join(lines) + "\n"

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 from benchmarks.gpu_stand_in import FLUX_DEV, TINY, StandInConfig
 
-SECTIONS = ("parity", "memory", "serving", "caching", "compile")
+SECTIONS = ("parity", "memory", "serving", "caching", "packing", "compile")
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,10 @@ class CheckSettings:
     caching_requests: int
     caching_steps: int
     caching_thresholds: tuple[float, ...]
+    # Packed forwards (benchmarks/gpu_packing.py): rows of these square sizes, `packing_per_size` each.
+    packing_sizes: tuple[int, ...]
+    packing_per_size: int
+    packing_repeats: int
     # torch.compile backend of the compile section: "inductor" is what the studio's --compile
     # uses (pipelines.loader.compile_denoiser); "eager" only traces (proves the plumbing fast);
     # None: the section is recorded as skipped.
@@ -62,10 +66,13 @@ GPU = CheckSettings(
     caching_requests=4,
     caching_steps=12,
     caching_thresholds=(0.1, 0.3),
+    packing_sizes=(512, 768, 1024),
+    packing_per_size=2,
+    packing_repeats=3,
     compile_backend="inductor",
     budget_s=450.0,  # 8 minutes less a margin for estimates that run over
     # Startup (imports, CUDA) comes out of the first section's share.
-    plan_s={"parity": 70.0, "memory": 50.0, "serving": 150.0, "caching": 60.0, "compile": 110.0},
+    plan_s={"parity": 70.0, "memory": 45.0, "serving": 135.0, "caching": 50.0, "packing": 50.0, "compile": 100.0},
 )
 
 DRY_RUN = CheckSettings(
@@ -85,12 +92,15 @@ DRY_RUN = CheckSettings(
     caching_requests=2,
     caching_steps=4,
     caching_thresholds=(1.0,),
+    packing_sizes=(64, 96, 128),
+    packing_per_size=2,
+    packing_repeats=2,
     # Inductor needs minutes on this CPU even for the 2-block model (measured: about 4 min).
     compile_backend=None,
     # A cap, not a target: it runs in 30 to 45 s here, but imports alone took 20 s on this
     # shared machine under load, and a 60 s cap then skipped the Wan families.
     budget_s=90.0,
-    plan_s={"parity": 35.0, "memory": 5.0, "serving": 15.0, "caching": 5.0, "compile": 5.0},
+    plan_s={"parity": 35.0, "memory": 5.0, "serving": 15.0, "caching": 5.0, "packing": 5.0, "compile": 5.0},
     # Tiny tensors: one thread beats a thread pool on a shared, busy CPU (measured 7x faster here).
     torch_threads=1,
 )

@@ -23,6 +23,7 @@ say how their blocks run on this layout.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import importlib.util
 import itertools
@@ -128,17 +129,32 @@ class Packing:
         return segment_attention(query, key, value, self.joint_lengths, self.joint_lengths)
 
 
+KERNELS = ("auto", "varlen", "sdpa", "padded")
+# How packed attention runs (the GPU check compares them; the studio always uses "auto"):
+#   varlen  flash-attn's flash_attn_varlen_func over every row at once (CUDA, half precision)
+#   sdpa    one scaled_dot_product_attention call per run of rows of equal lengths
+#   padded  one SDPA call over every row padded to the longest, padding masked out
+#   auto    varlen where flash-attn is installed and usable, else sdpa
+attention_kernel: contextvars.ContextVar[str] = contextvars.ContextVar("attention_kernel", default="auto")
+
+
 def segment_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       query_lengths: Sequence[int], key_lengths: Sequence[int]) -> torch.Tensor:
     """Attention of each row's query tokens to that row's key tokens only: the rows' segments lie end
     to end in `query` ([sum of query_lengths, heads, dim]) and in `key`/`value`. flash-attn's varlen
     kernel on CUDA in half precision; elsewhere one SDPA call per run of rows with equal lengths (a
-    batch of those rows, as diffusers' native backend calls it)."""
+    batch of those rows, as diffusers' native backend calls it). See `attention_kernel`."""
+    kernel = attention_kernel.get()
     varlen = _flash_varlen()
-    if varlen is not None and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16):
+    usable = varlen is not None and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)
+    if kernel == "varlen" and not usable:
+        raise RuntimeError("attention_kernel 'varlen' needs flash-attn installed and a CUDA tensor in fp16/bf16.")
+    if kernel == "varlen" or (kernel == "auto" and usable):
         cu_q, cu_k = (F.pad(torch.cumsum(torch.tensor(lengths, device=query.device, dtype=torch.int32), 0,
                                          dtype=torch.int32), (1, 0)) for lengths in (query_lengths, key_lengths))
         return varlen(query, key, value, cu_q, cu_k, max(query_lengths), max(key_lengths))
+    if kernel == "padded":
+        return _padded_attention(query, key, value, query_lengths, key_lengths)
     q_starts = [0] + list(itertools.accumulate(query_lengths))[:-1]
     k_starts = [0] + list(itertools.accumulate(key_lengths))[:-1]
     groups: dict[tuple[int, int], list[int]] = {}
@@ -154,6 +170,23 @@ def segment_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         attended = F.scaled_dot_product_attention(q, k, v)
         out.index_copy_(0, q_index, attended.transpose(1, 2).reshape(len(q_index), *out.shape[1:]))
     return out
+
+
+def _padded_attention(query, key, value, query_lengths: Sequence[int], key_lengths: Sequence[int]) -> torch.Tensor:
+    """Every row padded to the longest, in one masked SDPA call (what a stacked forward of different
+    sizes would have to do): exact, but it computes every row at the largest row's length."""
+    rows, longest_q, longest_k = len(query_lengths), max(query_lengths), max(key_lengths)
+
+    def padded(tensor, lengths, longest):
+        out = tensor.new_zeros((rows, longest) + tuple(tensor.shape[1:]))
+        for row, part in enumerate(tensor.split(list(lengths))):
+            out[row, : len(part)] = part
+        return out.transpose(1, 2)  # [rows, heads, length, dim]
+
+    q, k, v = padded(query, query_lengths, longest_q), padded(key, key_lengths, longest_k), padded(value, key_lengths, longest_k)
+    keep = torch.arange(longest_k, device=query.device)[None, :] < torch.tensor(list(key_lengths), device=query.device)[:, None]
+    attended = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :]).transpose(1, 2)
+    return torch.cat([attended[row, :length] for row, length in enumerate(query_lengths)])
 
 
 def _runs(starts: Sequence[int], length: int, device) -> torch.Tensor:

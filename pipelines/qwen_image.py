@@ -17,8 +17,11 @@ half is in pipelines/diffusers_step.py and pipelines/flow_match.py:
     guide            CFG, then rescaled to the conditional prediction's norm, per row
     post_decode      unpack, un-normalize (Wan VAE statistics), VAE decode, postprocess to PIL
 
-Prompts have different token counts, so text rows are zero-padded to the longest and masked
-(`encoder_hidden_states_mask`): the transformer attends to real tokens only, and text
+Prompts have different token counts. A forward whose rows differ in size or prompt length runs
+packed (pipelines/qwen_image_packed.py: each row exactly its own tokens, attention within each
+row), so the batch key holds nothing; where packing can't keep rows apart (another attention
+backend or processor) the key is the image size and text rows are zero-padded to the longest and
+masked (`encoder_hidden_states_mask`): the transformer attends to real tokens only, and text
 positions (RoPE) don't move with padding. `guidance_scale` is `__call__`'s `true_cfg_scale`:
 CFG runs only when guidance_scale > 1 AND a negative prompt is given (the default negative
 prompt is " ", as Qwen-Image's model card uses). Guidance-distilled variants
@@ -37,6 +40,7 @@ from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 from diffusers.utils.torch_utils import randn_tensor
 from PIL import Image
 
+from pipelines import qwen_image_packed
 from pipelines.cfg import Row
 from pipelines.flow_match import FlowMatchStepPipeline
 from pipelines.interface import RequestState
@@ -49,11 +53,11 @@ MAX_SEQUENCE_LENGTH = 512  # __call__'s default prompt token limit
 
 @dataclass(frozen=True)
 class QwenImageBatchKey:
-    """Rows share a forward with the same image size (RoPE image shapes are shared).
-    Guidance scale, CFG, prompt lengths, steps and seed are per row."""
+    """Rows share a forward with the same image size (RoPE image shapes are shared), or of any size
+    when they run packed (both None). Guidance scale, CFG, prompt lengths, steps and seed are per row."""
 
-    width: int
-    height: int
+    width: int | None
+    height: int | None
 
 
 def pad_text_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -81,6 +85,7 @@ class QwenImageStepPipeline(FlowMatchStepPipeline):
     family = "qwen-image"
     label = "Qwen-Image"
     diffusers_class = QwenImagePipeline
+    packed_model = qwen_image_packed.QWEN_IMAGE
     image_inputs = ("init_image", "mask_image")
 
     def __init__(self, pipe, device, name, studio: StudioConfig | None = None, scheduler: str | None = None) -> None:
@@ -104,7 +109,21 @@ class QwenImageStepPipeline(FlowMatchStepPipeline):
         )
 
     def batch_key(self, params: GenerationParams) -> QwenImageBatchKey:
+        if self.packs:
+            return QwenImageBatchKey(None, None)
         return QwenImageBatchKey(params.width, params.height)
+
+    def _packable(self, denoiser: torch.nn.Module) -> bool:
+        return qwen_image_packed.packs(denoiser)
+
+    def _row_shape(self, row: Row) -> tuple:
+        return tuple(row.state.latents.shape), tuple(row.text.shape)
+
+    def _packed_row(self, row: Row) -> qwen_image_packed.QwenRow:
+        params, latents = row.state.params, row.state.latents
+        patches = (1, params.height // self.vae_scale_factor // 2, params.width // self.vae_scale_factor // 2)
+        return qwen_image_packed.QwenRow(latents=latents, timestep=row.state.current_timestep.to(latents.dtype) / 1000,
+                                         text=row.text, patches=patches)
 
     # ------------------------------------------------------------------ texts
     def _uses_cfg(self, params: GenerationParams) -> bool:

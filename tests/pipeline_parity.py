@@ -127,8 +127,8 @@ def assert_step_outputs_match(family: TinyFamily, state, params: GenerationParam
 
 # ---------------------------------------------------------------------------- forwards
 class ForwardLog:
-    """Records, per denoise_step of `pipeline`, every model forward it made: (which denoiser,
-    rows). A co-batched test asserts from this that its rows really shared one forward."""
+    """Records, per denoise_step of `pipeline`, every model forward it made, stacked or packed:
+    (which denoiser, rows). A co-batched test asserts from this that its rows really shared one forward."""
 
     def __init__(self, pipeline) -> None:
         self.pipeline = pipeline
@@ -145,12 +145,21 @@ class ForwardLog:
             return denoise_step(batch)
 
         self.pipeline.denoise_step = recording
+        packed_forward = getattr(self.pipeline, "_packed_forward", None)
+        if packed_forward is not None:  # a packed forward (rows of different shapes) calls no denoiser hook
+
+            def recording_packed(denoiser, rows, run):
+                self.steps[-1].append((list(self.pipeline.denoisers).index(denoiser), len(rows)))
+                return packed_forward(denoiser, rows, run)
+
+            self.pipeline._packed_forward = recording_packed
         return self
 
     def __exit__(self, *exc) -> None:
         for handle in self._handles:
             handle.remove()
         del self.pipeline.denoise_step  # back to the class method
+        self.pipeline.__dict__.pop("_packed_forward", None)
 
     def _recorder(self, index: int):
         def record(module, args, kwargs):

@@ -108,10 +108,22 @@ def test_caching_rows_skip_rows_and_a_threshold_skipping_nothing_is_exactly_cach
     assert rows[-1]["rows_skipped"] == sum(rows[-1]["skipped_steps"]) / (DRY_RUN.caching_requests * DRY_RUN.caching_steps)
 
 
+def test_packed_rows_of_three_sizes_match_their_solo_forwards_with_every_kernel(dry_run):
+    packing = dry_run[0]["sections"]["packing"]
+    assert packing["sizes"] == list(DRY_RUN.packing_sizes)
+    systems = [row["system"] for row in packing["rows"]]
+    assert systems == ["separate forwards (sizes take turns)", "packed, sdpa attention", "packed, padded attention"]
+    for row in packing["rows"]:
+        assert row["seconds"] > 0 and row["x_separate"] > 0
+        assert row["max_rel_diff"] <= FLOAT32_BOUND, row  # float32: the packed rows are their solo forwards
+    sdpa, padded = packing["rows"][1:]
+    assert "SDPA" in sdpa["kernel"] and "SDPA" in padded["kernel"]
+
+
 def test_the_markdown_has_every_table_and_is_printed(dry_run):
     _, markdown, printed = dry_run
     for heading in ("### Correctness", "### Memory", "### Serving at", "### Batching curve", "### Step caching at",
-                    "### Skipped or failed"):
+                    "### Packed forwards", "### Skipped or failed"):
         assert heading in markdown
     assert markdown in printed
 

@@ -66,7 +66,7 @@ def test_cfg_needs_a_negative_prompt_and_a_scale_above_one(qwen):
     with_cfg = key(request(guidance_scale=4.0, negative_prompt=" "))
     assert with_cfg == key(request(guidance_scale=7.0, negative_prompt="blurry", prompt="x", seed=9))
     assert with_cfg == key(request(guidance_scale=1.0, negative_prompt=None))
-    assert with_cfg != key(request(guidance_scale=4.0, negative_prompt=" ", width=40))
+    assert with_cfg == key(request(guidance_scale=4.0, negative_prompt=" ", width=40))  # sizes pack too
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,16 @@ def test_one_request_matches_diffusers(qwen, guidance_scale, negative_prompt):
     assert [p.size for p in previews] == [(8, 8)]  # after step 2 of 4; one pixel per latent cell
 
 
-def test_co_batched_requests_match_each_run_alone(qwen):
+@pytest.fixture
+def stacked(qwen, monkeypatch):
+    """The forward without packing (another attention backend would do this): prompts of different
+    lengths are padded and masked in one stacked forward."""
+    monkeypatch.setitem(qwen.pipeline.__dict__, "packs", False)
+    return qwen
+
+
+def test_co_batched_requests_match_each_run_alone(stacked):
+    qwen = stacked
     first = request(prompt="a red circle", seed=11, num_inference_steps=6, guidance_scale=1.0)  # no CFG
     second = request(prompt="two small green birds on a branch", seed=22, num_inference_steps=3,
                          guidance_scale=6.5, negative_prompt="blurry")
@@ -102,7 +111,8 @@ def test_co_batched_requests_match_each_run_alone(qwen):
         assert_same(ours, qwen.reference(params))
 
 
-def test_requests_joining_one_step_share_one_text_encoding(qwen, monkeypatch):
+def test_requests_joining_one_step_share_one_text_encoding(stacked, monkeypatch):
+    qwen = stacked
     # Texts of different token counts: the batched encoding pads them; each keeps its own length.
     requests = [
         request(prompt="a red circle", seed=4, guidance_scale=4.0, negative_prompt=" "),
@@ -115,3 +125,33 @@ def test_requests_joining_one_step_share_one_text_encoding(qwen, monkeypatch):
     assert len(set(lengths)) == 3  # three different token counts came out of one padded call
     for params, ours in zip(requests, results):
         assert_same(ours, qwen.reference(params))
+
+
+def test_prompts_of_different_lengths_and_sizes_run_packed_and_match_diffusers(qwen, monkeypatch):
+    """Packed (pipelines/qwen_image_packed.py): each row keeps exactly its own text tokens, no
+    padding, no mask; staggered requests of three sizes with CFG."""
+    from dataclasses import replace
+
+    from pipelines.qwen_image_packed import QWEN_IMAGE, packed_forward
+    from tests.pipeline_parity import assert_step_outputs_match
+    from tests.protocol_driver import drive
+
+    assert qwen.pipeline.packs and qwen.pipeline.batch_key(request()) == qwen.pipeline.batch_key(request(width=48))
+    rows: list[int] = []
+
+    def counting(model, model_rows, *args, **kwargs):
+        rows.append(len(model_rows))
+        return packed_forward(model, model_rows, *args, **kwargs)
+
+    monkeypatch.setattr(QwenImageStepPipeline, "packed_model", replace(QWEN_IMAGE, forward=counting))
+    requests = [
+        (0, request(prompt="a red circle", seed=11, num_inference_steps=4, guidance_scale=1.0)),
+        (1, request(prompt="two small green birds on a branch", seed=22, num_inference_steps=3, width=48, height=16,
+                    guidance_scale=6.5, negative_prompt="blurry")),
+        (2, request(prompt="a blue square", seed=33, num_inference_steps=2, width=16, height=40, guidance_scale=2.0,
+                    negative_prompt="dark, grainy, washed out colours")),
+    ]
+    states = drive(qwen.pipeline, requests)
+    assert rows == [3, 5, 5]  # steps 1-3; the two CFG requests bring their negative rows
+    for (_, params), state in zip(requests, states):
+        assert_step_outputs_match(qwen, state, params)

@@ -119,11 +119,14 @@ def robust_box(mask: np.ndarray) -> tuple[float, float, float, float]:
     return float(columns.min()), float(rows.min()), float(columns.max()) + 1.0, float(rows.max()) + 1.0
 
 
-def template_mask(shape: str, box: tuple[float, float, float, float]) -> np.ndarray:
+def template_mask(shape: str, box: tuple[float, float, float, float],
+                  canvas_size: tuple[int, int] = (IMAGE_SIZE, IMAGE_SIZE)) -> np.ndarray:
+    """`shape` drawn into `box` on a canvas of (width, height) pixels, as a boolean mask."""
     scale = 4
-    canvas = Image.new("L", (IMAGE_SIZE * scale, IMAGE_SIZE * scale), 0)
+    width, height = canvas_size
+    canvas = Image.new("L", (width * scale, height * scale), 0)
     draw_shape(ImageDraw.Draw(canvas), shape, tuple(v * scale for v in box), 255)
-    small = canvas.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BOX)
+    small = canvas.resize((width, height), Image.Resampling.BOX)
     return np.asarray(small) >= 128
 
 
@@ -208,7 +211,7 @@ def classify_outline(pixels: np.ndarray, mask: np.ndarray, filled: np.ndarray, b
 def classify_shape(mask: np.ndarray, box: tuple[float, float, float, float]) -> str:
     best_shape, best_iou = SHAPES[0], -1.0
     for shape in SHAPES:
-        template = template_mask(shape, box)
+        template = template_mask(shape, box, (mask.shape[1], mask.shape[0]))
         union = np.logical_or(mask, template).sum()
         iou = np.logical_and(mask, template).sum() / max(union, 1)
         if iou > best_iou:
