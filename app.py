@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(pipelines, mode=config.mode, max_batch_requests=config.max_batch, limits=config.limits,
                     max_batch_tokens=config.max_tokens).start()
     if config.compile:
-        from engine.warmup import warm_up
+        from engine import warm_up
 
         defaults = engine.info.defaults
         seconds = warm_up(engine, [(defaults.width, defaults.height)])

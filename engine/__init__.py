@@ -7,7 +7,19 @@ from engine.admission import AdmissionLedger
 from engine.client import ClientMetrics, EngineClient
 from engine.cost import RequestCost, SizedForward
 from engine.engine import SHUTDOWN_REASON, Engine
-from engine.events import Aborted, Completed, Event, Failed, Progress, Queued, RequestHandle, Started, Timings
+from engine.events import (
+    FINAL_EVENTS,
+    Aborted,
+    Completed,
+    Event,
+    Failed,
+    Progress,
+    Queued,
+    RequestHandle,
+    Started,
+    Timings,
+    deliver_pending,
+)
 from engine.limits import (
     AdmissionError,
     EngineClosedError,
@@ -16,9 +28,19 @@ from engine.limits import (
     ServingLimits,
     SessionLimitError,
 )
+from engine.models import ModelSet
+from engine.pauses import NOT_PAUSED, PauseState
 from engine.request import PreparedRequest, RequestStatus
-from engine.snapshot import EngineSnapshot, EngineStats, RequestView
+from engine.snapshot import EngineSnapshot, EngineStats, RequestView, StageStats
+from engine.warmup import warm_up
 from pipelines.params import GenerationParams
+
+# Exported for front ends that are engines themselves, and for the processes that build one: the
+# Ray Serve facade (serve/) relays events as the engine thread does (FINAL_EVENTS, deliver_pending),
+# names its models as Engine does (ModelSet), answers pause_state as Engine does (PauseState,
+# NOT_PAUSED), sums replicas' stage times (StageStats); app.py and
+# the replicas warm an engine up (warm_up). serve/ and studio/ import only these names
+# (tests/test_import_boundaries.py), so what an engine offers them is decided here.
 
 __all__ = [
     "SHUTDOWN_REASON",
@@ -34,8 +56,12 @@ __all__ = [
     "EngineSnapshot",
     "EngineStats",
     "Event",
+    "FINAL_EVENTS",
     "Failed",
     "GenerationParams",
+    "ModelSet",
+    "NOT_PAUSED",
+    "PauseState",
     "PreparedRequest",
     "Progress",
     "QueueFullError",
@@ -47,6 +73,9 @@ __all__ = [
     "ServingLimits",
     "SessionLimitError",
     "SizedForward",
+    "StageStats",
     "Started",
     "Timings",
+    "deliver_pending",
+    "warm_up",
 ]

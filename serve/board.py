@@ -19,8 +19,7 @@ from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import EngineSnapshot, EngineStats, RequestView
-from engine.snapshot import StageStats
+from engine import EngineSnapshot, EngineStats, RequestView, StageStats
 from serve.wire import ReplicaReport
 
 

@@ -4,7 +4,7 @@ its own to pause; the members are here so the studio runs on the facade unchange
 
 from __future__ import annotations
 
-from engine.pauses import NOT_PAUSED, PauseState
+from engine import NOT_PAUSED, PauseState
 
 UNAVAILABLE = ("pausing, reordering and clearing queues is not available with --replicas: each replica "
                "queues its own requests. Cancel requests one by one, or run one engine (without --replicas).")

@@ -29,7 +29,7 @@ from typing import AsyncIterator
 
 from ray import serve
 
-from engine import AdmissionError, Engine, GenerationParams, PreparedRequest
+from engine import AdmissionError, Engine, GenerationParams, PreparedRequest, warm_up
 from serve.settings import ReplicaSettings
 from serve.wire import (
     Admitted,
@@ -84,8 +84,6 @@ class EngineReplica:
         self.engine = Engine(pipelines, mode=settings.mode, max_batch_requests=settings.max_batch,
                              limits=settings.limits, max_batch_tokens=settings.max_tokens).start()
         if settings.compile:
-            from engine.warmup import warm_up
-
             defaults = self.engine.info.defaults
             warm_up(self.engine, [(defaults.width, defaults.height)])
         log.info("%s: %s on %s, cores %s", self.label, self.engine.info.name, self.device, self.cores)

@@ -41,6 +41,7 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import DeploymentUnavailableError, RequestCancelledError
 
 from engine import (
+    FINAL_EVENTS,
     SHUTDOWN_REASON,
     Aborted,
     AdmissionLedger,
@@ -48,13 +49,13 @@ from engine import (
     Event,
     Failed,
     GenerationParams,
+    ModelSet,
     PreparedRequest,
     QueueFullError,
     RequestHandle,
     ServingLimits,
+    deliver_pending,
 )
-from engine.events import FINAL_EVENTS, deliver_pending
-from engine.models import ModelSet
 from pipelines.interface import PipelineInfo
 from serve.board import ReplicaBoard, ReplicatedSnapshot
 from serve.flight import Flight
