@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if store.path is None:
         log.info("saving is off (--no-save): accepted work is kept in memory only and is lost on restart")
-    from studio.server.app import StudioServer  # Gradio's imports: only for a port and a database that work
+    from studio.server.serving import StudioServer  # Gradio's imports: only for a port and a database that work
 
     try:
         pipelines = load_models(config)
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
 
     from engine import Engine
-    from studio.server.app import build_app
+    from studio.app import build_app
 
     engine = Engine(pipelines, mode=config.mode, max_batch_requests=config.max_batch, limits=config.limits,
                     max_batch_tokens=config.max_tokens).start()

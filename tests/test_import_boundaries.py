@@ -138,7 +138,7 @@ def test_serve_reaches_the_studio_only_for_its_options_and_its_app():
     imported = set().union(*(imported_modules(path.read_text()) for path in SERVE.glob("*.py")))
     assert "gradio" not in _top_level(imported)  # torch, yes: a replica runs a model
     # The app is built inside the ingress replica (serve/application.py), never at import.
-    assert {m for m in imported if m.partition(".")[0] == "studio"} == {"studio.config", "studio.server.app"}
+    assert {m for m in imported if m.partition(".")[0] == "studio"} == {"studio.config", "studio.app"}
 
 
 def test_every_serve_module_loads_without_torch_or_gradio():

@@ -141,6 +141,22 @@ def test_the_store_never_needs_the_api_the_page_or_the_app():
     assert _imports_from("studio.store", ("studio.api", "studio.page", "studio.app", "studio.server.app")) == []
 
 
+ABOVE_THE_API = ("studio.api", "studio.page", "studio.app", "studio.server.app")  # the routes, the page, the app
+
+
+def test_the_api_never_imports_the_composition_root_or_a_package_that_imports_the_api():
+    """studio/app.py wires the API and the page together; the API routes use low-level pieces
+    (studio.server's guards, throttle and temp files, the store): no module of a
+    package the API uses may import the API, the page or the app, so an arrow into studio.server
+    never leads back up."""
+    assert _imports_from("studio.api", ABOVE_THE_API[1:]) == []
+    used = {target.rpartition(".")[0] for name, tree in _trees().items() if name.startswith("studio.api.")
+            for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)) for target in _imported(node)}
+    packages = sorted(package for package in used if package.startswith("studio.") and package != "studio.api")
+    assert {"studio.server", "studio.store"} <= set(packages)  # the check sees them
+    assert [found for package in packages for found in _imports_from(package, ABOVE_THE_API)] == []
+
+
 _PROBE = r"""
 import importlib, json, pkgutil, sys
 import studio.api
