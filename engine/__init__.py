@@ -29,7 +29,8 @@ from engine.limits import (
     SessionLimitError,
 )
 from engine.models import ModelSet
-from engine.pauses import NOT_PAUSED, PauseState
+from engine.pauses import NOT_PAUSED, PauseState, Pauses, pause_end
+from engine.queue_control import CLEAR_REASON, PAUSE_ABORT_REASON
 from engine.request import PreparedRequest, RequestStatus
 from engine.snapshot import EngineSnapshot, EngineStats, RequestView, StageStats
 from engine.warmup import warm_up
@@ -37,8 +38,9 @@ from pipelines.params import GenerationParams
 
 # Exported for front ends that are engines themselves, and for the processes that build one: the
 # Ray Serve facade (serve/) relays events as the engine thread does (FINAL_EVENTS, deliver_pending),
-# names its models as Engine does (ModelSet), answers pause_state as Engine does (PauseState,
-# NOT_PAUSED), sums replicas' stage times (StageStats); app.py and
+# names its models as Engine does (ModelSet), keeps the pauses of every replica's queues as Engine
+# keeps its own (Pauses, PauseState, NOT_PAUSED, pause_end) and ends cleared requests with the
+# same reasons (CLEAR_REASON, PAUSE_ABORT_REASON), sums replicas' stage times (StageStats); app.py and
 # the replicas warm an engine up (warm_up). serve/ and studio/ import only these names
 # (tests/test_import_boundaries.py), so what an engine offers them is decided here.
 
@@ -47,6 +49,7 @@ __all__ = [
     "Aborted",
     "AdmissionError",
     "AdmissionLedger",
+    "CLEAR_REASON",
     "ClientMetrics",
     "Completed",
     "Engine",
@@ -61,7 +64,9 @@ __all__ = [
     "GenerationParams",
     "ModelSet",
     "NOT_PAUSED",
+    "PAUSE_ABORT_REASON",
     "PauseState",
+    "Pauses",
     "PreparedRequest",
     "Progress",
     "QueueFullError",
@@ -77,5 +82,6 @@ __all__ = [
     "Started",
     "Timings",
     "deliver_pending",
+    "pause_end",
     "warm_up",
 ]

@@ -13,7 +13,7 @@ UNAVAILABLE = ("pausing, reordering and clearing queues is not available with --
 class QueueControlUnavailable:
     """`ReplicatedEngine`'s queue members: a clear NotImplementedError, and nothing ever paused."""
 
-    def pause_queue(self, session_id: str, *, abort_running: bool = False) -> None:
+    def pause_queue(self, session_id: str, *, abort_running: bool = False, until: float | None = None) -> None:
         raise NotImplementedError(UNAVAILABLE)
 
     def resume_queue(self, session_id: str) -> None:
@@ -37,3 +37,6 @@ class QueueControlUnavailable:
     @property
     def pause_state(self) -> PauseState:
         return PauseState()
+
+    def watch_pauses(self, watcher) -> None:
+        """Nothing is ever paused here: there is nothing to tell."""
