@@ -147,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--start-paused", action="store_true",
                         help="start with the engine paused: requests queue, none starts until an operator "
                              "resumes it (POST /v1/admin/resume)")
+    server.add_argument("--pause-expiry", type=float, default=defaults.pause_expiry_s or 0, metavar="SECONDS",
+                        help="a caller's pause of its own queue ends by itself after SECONDS, and its queue runs "
+                             "again (0 = only a resume ends it; default: %(default)g)")
     outputs = parser.add_argument_group("outputs")
     outputs.add_argument("--outputs", default=defaults.outputs, metavar="DIR",
                          help="save every finished image (PNG with its settings) and video (MP4) here; "
@@ -190,7 +193,7 @@ def config_from_args(args: argparse.Namespace) -> StudioOptions:
         api_keys=tuple([parse_api_key(text) for text in args.api_key or []]
                        + (read_api_keys_file(args.api_keys_file) if args.api_keys_file else [])),
         admin_key=read_admin_key_file(args.admin_key_file) if args.admin_key_file else args.admin_key,
-        start_paused=args.start_paused,
+        start_paused=args.start_paused, pause_expiry_s=args.pause_expiry or None,
     )
 
 

@@ -30,6 +30,7 @@ from studio.server.file_answers import WholeFileAnswers
 from studio.server.guards import StudioGuards, input_counts
 from studio.server.throttle import FailedAttempts
 from studio.store.durable import DurableRequests
+from studio.store.pauses import keep_pauses
 from studio.store.recovery import ResumeReport, resume_accepted
 from studio.store.store import StudioStore
 from studio.workflows.registry import RunRegistry
@@ -81,10 +82,10 @@ def build_app(engine: EngineClient, config: StudioOptions, store: StudioStore | 
     router = build_router(engine, api_config, attempts, outputs=outputs,
                           video_jobs=video_jobs_for(api_config, outputs, durable))
     app.include_router(router)
-    if config.start_paused:  # before the page is built (it says so) and the resumed work is queued
-        engine.pause_engine()
-        log.info("the engine is paused (--start-paused): requests queue and none starts until an operator "
-                 "resumes it (POST /v1/admin/resume with the --admin-key)")
+    # The pauses kept from before a restart (and --start-paused), before the page is built (it says
+    # whether the studio is paused) and the resumed work is queued; every later change is kept.
+    keep_pauses(engine, outputs.index, start_paused=config.start_paused,
+                operator_can_resume=config.admin_key is not None)
     runner = WorkflowRunner(engine, config, RunRegistry(), outputs)
     resumed = ResumeReport()  # filled in below; the page tells each returning owner its count
     demo = build_demo(engine, config, outputs, durable, runner, resumed)

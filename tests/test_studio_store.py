@@ -33,7 +33,7 @@ def test_a_version_1_database_migrates_to_the_current_schema_keeping_its_rows(tm
     finally:
         store.close()
     with sqlite3.connect(tmp_path / "studio.db") as connection:
-        assert connection.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (3,)
+        assert connection.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (4,)
 
 
 def test_a_journaled_run_comes_back_with_how_its_branches_ended():

@@ -21,6 +21,7 @@ how to turn them on. Every change goes through studio.queue_actions, as on the o
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 
 import fastapi
@@ -70,7 +71,9 @@ def add_queue_routes(router: fastapi.APIRouter, engine_: engine.EngineClient, co
                     body = body_type.model_validate_json(raw or b"{}")
                 except pydantic.ValidationError as error:
                     raise http_errors.from_validation_error(error) from None
-            return JSONResponse(act(session, body))
+            # In a worker thread: a pause is saved (a synced commit) before it is answered, and with
+            # replicas each call waits for every replica's answer; neither may hold the event loop.
+            return JSONResponse(await asyncio.to_thread(act, session, body))
         except ApiError as error:
             return error.to_response()
         except PermissionError:  # only when the request changed hands between our look and the engine's
@@ -117,7 +120,7 @@ def add_queue_routes(router: fastapi.APIRouter, engine_: engine.EngineClient, co
         except ApiError as error:
             return error.to_response()
         try:
-            act()
+            await asyncio.to_thread(act)  # saved, or sent to every replica, off the event loop
         except NotImplementedError as error:
             return ApiError(501, str(error), type="server_error", code="not_available").to_response()
         return JSONResponse(_engine_queue(engine_))

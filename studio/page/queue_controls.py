@@ -36,7 +36,8 @@ def build_queue_controls(prefix: str, paused_at_start: bool) -> QueueControls:
         pause = gr.Button("Pause queue", size="sm", elem_id=f"{prefix}-pause-queue")
         resume = gr.Button("Resume queue", size="sm", elem_id=f"{prefix}-resume-queue")
         clear = gr.Button("Clear queued", size="sm", variant="stop", elem_id=f"{prefix}-clear-queue")
-    start = ("The studio started paused (--start-paused): nothing starts until its operator resumes it; the "
+    start = ("The studio started paused by its operator (--start-paused, or paused before a restart): nothing "
+             "starts until its operator resumes it; the "
              "Queue view says when it runs again.") if paused_at_start else ""
     note = gr.Markdown(start, elem_id=f"{prefix}-queue-note")
     return QueueControls(pause, resume, clear, note)

@@ -1,6 +1,6 @@
 """The studio's durable state, over one SQLite database (studio.store.database): the requests it
 accepted and has not finished, the workflow runs with branches still owed, the video jobs and the
-`url` images of the HTTP API, and each caller's history index.
+`url` images of the HTTP API, each caller's history index, and the paused queues.
 
     store = StudioStore.open(Path("outputs"))          # <outputs>/studio.db; StudioStore.open(None): in memory
     entry = store.accept("image", session, owner, params)          # once the engine has taken it
@@ -8,6 +8,7 @@ accepted and has not finished, the workflow runs with branches still owed, the v
     with store.transaction():                                         # it ended with one: in one commit,
         store.add_history(item); store.finished(entry)                # its index row in, its entry out
     store.pending()                                                   # at start: what to resume, in order
+    store.save_pauses(engine.pause_state); store.pauses()             # the paused queues (studio.store.pauses)
 
 The rule that makes a result exactly-once: a request's entry leaves `accepted` in the same
 transaction that files its result (studio.outputs writes the files first, under names that say
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from engine import GenerationParams
+from engine import GenerationParams, PauseState
 from studio.store.database import DATABASE_FILE, open_database, release_lock
 from studio.store.records import params_from_record, params_record
 
@@ -222,6 +223,23 @@ class StudioStore:
         """Every kept url image as (name, owner, size, expires_at), the first to expire first."""
         return self._rows("SELECT name, owner, size, expires_at FROM url_images ORDER BY expires_at, rowid")
 
+    # ------------------------------------------------------------------ paused queues
+    def save_pauses(self, state: PauseState) -> None:
+        """Keep `state` as the pauses in force, in place of those kept (one commit)."""
+        with self.transaction():
+            self._db.execute("DELETE FROM pauses")
+            if state.engine:
+                self._db.execute("INSERT INTO pauses (scope, session, ends_at) VALUES ('engine', '', NULL)")
+            self._db.executemany("INSERT INTO pauses (scope, session, ends_at) VALUES ('session', ?, ?)",
+                                 [(session, state.ends_at(session)) for session in sorted(state.sessions)])
+
+    def pauses(self) -> PauseState:
+        """The pauses kept (a session's whose end has passed too: whoever pauses again drops it)."""
+        rows = self._rows("SELECT scope, session, ends_at FROM pauses")
+        sessions = {session: ends_at for scope, session, ends_at in rows if scope == "session"}
+        return PauseState(engine=any(scope == "engine" for scope, _, _ in rows), sessions=frozenset(sessions),
+                          ends=tuple(sorted((s, end) for s, end in sessions.items() if end is not None)))
+
     # ------------------------------------------------------------------ the history index
     def add_history(self, item: dict) -> None:
         """One saved result (studio.outputs.SavedOutput's fields)."""
@@ -249,4 +267,4 @@ class StudioStore:
         """Rows per table (for logs and benchmarks)."""
         return {table: self._rows(f"SELECT count(*) FROM {table}")[0][0]
                 for table in ("accepted", "video_jobs", "history", "workflow_runs", "workflow_branches",
-                              "url_images")}
+                              "url_images", "pauses")}
