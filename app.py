@@ -334,9 +334,6 @@ def run_replicas(parser: argparse.ArgumentParser, args: argparse.Namespace, conf
         parser.error("--replicas must be >= 0 and --replica-threads >= 1.")
     if config.share:
         parser.error("--share is not available with --replicas.")
-    if config.start_paused or config.admin_key:
-        parser.error("--start-paused and --admin-key are not available with --replicas (each replica queues its own "
-                     "requests; pausing them is not built yet).")
     try:
         from serve.local import run_local, serve_settings_for
     except ImportError as exc:

@@ -119,7 +119,7 @@ def _localized(snapshot: EngineSnapshot, offset: float, our_ids: dict[str, str])
         )
 
     return EngineSnapshot(taken_at=snapshot.taken_at + offset, requests=tuple(view(v) for v in snapshot.requests),
-                          stats=snapshot.stats)
+                          stats=snapshot.stats, pauses=snapshot.pauses)
 
 
 def _summed_stats(stats: list[EngineStats], mode: str, max_batch_requests: int) -> EngineStats:

@@ -3,7 +3,8 @@ stands. The gradio_client endpoints, the HTTP API and the page all act through t
 each on the caller's own session (the engine refuses another session's request with
 PermissionError); each answers a small JSON-ready dict, the same on every front end.
 
-With Ray Serve replicas the engine raises NotImplementedError with its reason; front ends show it.
+With Ray Serve replicas the same calls reach every replica (serve/queue_control.py): they may wait
+for the replicas' answers, so front ends call them from worker threads.
 """
 
 from __future__ import annotations

@@ -30,8 +30,6 @@ def _queue_errors() -> Iterator[None]:
         raise user_error(str(exc), "Not your request") from None
     except ValueError as exc:
         raise user_error(str(exc), "Bad request") from None
-    except NotImplementedError as exc:
-        raise user_error(str(exc), "Not available") from None
 
 
 def wire_queue_endpoints(engine: EngineClient) -> None:

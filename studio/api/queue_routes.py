@@ -80,8 +80,6 @@ def add_queue_routes(router: fastapi.APIRouter, engine_: engine.EngineClient, co
             return ApiError(404, "that request is not one of yours.", code="request_not_found").to_response()
         except ValueError as error:
             return http_errors.invalid_value(str(error), None).to_response()
-        except NotImplementedError as error:
-            return ApiError(501, str(error), type="server_error", code="not_available").to_response()
 
     @router.get("/v1/queue", name="stepstudio_queue")
     async def own_queue(request: Request) -> Response:
@@ -119,10 +117,7 @@ def add_queue_routes(router: fastapi.APIRouter, engine_: engine.EngineClient, co
             await _check_admin_key(request, config, attempts)
         except ApiError as error:
             return error.to_response()
-        try:
-            await asyncio.to_thread(act)  # saved, or sent to every replica, off the event loop
-        except NotImplementedError as error:
-            return ApiError(501, str(error), type="server_error", code="not_available").to_response()
+        await asyncio.to_thread(act)  # saved, or sent to every replica, off the event loop
         return JSONResponse(_engine_queue(engine_))
 
     @router.get("/v1/admin/queue", name="stepstudio_admin_queue")
