@@ -9,6 +9,7 @@ accepted and has not finished, the workflow runs with branches still owed, the v
         store.add_history(item); store.finished(entry)                # its index row in, its entry out
     store.pending()                                                   # at start: what to resume, in order
     store.save_pauses(engine.pause_state); store.pauses()             # the paused queues (studio.store.pauses)
+    entry = await store.off_loop(store.accept, "image", ...)          # from asyncio: on the store's writer thread
 
 The rule that makes a result exactly-once: a request's entry leaves `accepted` in the same
 transaction that files its result (studio.outputs writes the files first, under names that say
@@ -19,6 +20,8 @@ renames (`OutputStore.finish_partial_files`).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import json
 import sqlite3
@@ -26,11 +29,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 from engine import GenerationParams, PauseState
 from studio.store.database import DATABASE_FILE, open_database, release_lock
 from studio.store.records import params_from_record, params_record
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,8 @@ class StudioStore:
         self._db = connection
         self._lock = threading.RLock()  # one connection, used from the event loop and worker threads
         self._depth = 0
+        # Writes asyncio code awaits (off_loop): one thread, so they commit in the order asked.
+        self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="stepstudio-store")
 
     @classmethod
     def open(cls, folder: Path | None) -> "StudioStore":
@@ -94,7 +102,15 @@ class StudioStore:
     def is_durable(self) -> bool:
         return self.path is not None
 
+    async def off_loop(self, write: Callable[..., T], *args) -> T:
+        """`write(*args)` (store writes: each commit is synced, a millisecond or, on a slow disk, far
+        more) on the store's writer thread, awaited: the event loop serves everyone else meanwhile.
+        Writes asked this way run one at a time, in the order asked. A caller cancelled while it
+        waits does not stop the write: put what must follow it (following the request) in `write`."""
+        return await asyncio.wrap_future(self._writer.submit(write, *args))
+
     def close(self) -> None:
+        self._writer.shutdown(wait=True)
         with self._lock:
             self._db.close()
             if self.path is not None:
