@@ -16,16 +16,14 @@ from studio.store import database
 from studio.store.pauses import keep_pauses
 from studio.store.store import StudioStore
 from tests.studio_helpers import live_studio
+from tests.test_studio_store import opened_as_version
 
 
 def test_a_version_3_database_migrates_to_4_with_no_pauses_and_its_rows_kept(tmp_path, monkeypatch):
-    with monkeypatch.context() as old:
-        old.setattr(database, "MIGRATIONS", database.MIGRATIONS[:3])
-        old.setattr(database, "SCHEMA_VERSION", 3)
-        store = StudioStore.open(tmp_path)
-        store.accept("image", "tab-1", "a" * 32, GenerationParams(prompt="kept", seed=5))
-        store.add_url_image("u1.png", "http:key:alice", 10, 2e9)
-        store.close()
+    store = opened_as_version(3, tmp_path, monkeypatch)
+    store.accept("image", "tab-1", "a" * 32, GenerationParams(prompt="kept", seed=5))
+    store.add_url_image("u1.png", "http:key:alice", 10, 2e9)
+    store.close()
     with sqlite3.connect(tmp_path / "studio.db") as connection:
         assert connection.execute("PRAGMA user_version").fetchone() == (3,)
     store = StudioStore.open(tmp_path)
