@@ -147,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--start-paused", action="store_true",
                         help="start with the engine paused: requests queue, none starts until an operator "
                              "resumes it (POST /v1/admin/resume)")
+    server.add_argument("--pause-expiry", type=float, default=defaults.pause_expiry_s or 0, metavar="SECONDS",
+                        help="a caller's pause of its own queue ends by itself after SECONDS, and its queue runs "
+                             "again (0 = only a resume ends it; default: %(default)g)")
     outputs = parser.add_argument_group("outputs")
     outputs.add_argument("--outputs", default=defaults.outputs, metavar="DIR",
                          help="save every finished image (PNG with its settings) and video (MP4) here; "
@@ -190,7 +193,7 @@ def config_from_args(args: argparse.Namespace) -> StudioOptions:
         api_keys=tuple([parse_api_key(text) for text in args.api_key or []]
                        + (read_api_keys_file(args.api_keys_file) if args.api_keys_file else [])),
         admin_key=read_admin_key_file(args.admin_key_file) if args.admin_key_file else args.admin_key,
-        start_paused=args.start_paused,
+        start_paused=args.start_paused, pause_expiry_s=args.pause_expiry or None,
     )
 
 
@@ -284,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if store.path is None:
         log.info("saving is off (--no-save): accepted work is kept in memory only and is lost on restart")
-    from studio.server.app import StudioServer  # Gradio's imports: only for a port and a database that work
+    from studio.server.serving import StudioServer  # Gradio's imports: only for a port and a database that work
 
     try:
         pipelines = load_models(config)
@@ -293,12 +296,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
 
     from engine import Engine
-    from studio.server.app import build_app
+    from studio.app import build_app
 
     engine = Engine(pipelines, mode=config.mode, max_batch_requests=config.max_batch, limits=config.limits,
                     max_batch_tokens=config.max_tokens).start()
     if config.compile:
-        from engine.warmup import warm_up
+        from engine import warm_up
 
         defaults = engine.info.defaults
         seconds = warm_up(engine, [(defaults.width, defaults.height)])
@@ -331,9 +334,6 @@ def run_replicas(parser: argparse.ArgumentParser, args: argparse.Namespace, conf
         parser.error("--replicas must be >= 0 and --replica-threads >= 1.")
     if config.share:
         parser.error("--share is not available with --replicas.")
-    if config.start_paused or config.admin_key:
-        parser.error("--start-paused and --admin-key are not available with --replicas (each replica queues its own "
-                     "requests; pausing them is not built yet).")
     try:
         from serve.local import run_local, serve_settings_for
     except ImportError as exc:

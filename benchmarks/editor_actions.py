@@ -230,7 +230,8 @@ def main() -> None:
     from engine import Engine
     from pipelines.toy import ToyPipeline
     from studio.config import StudioOptions
-    from studio.server.app import StudioServer, build_app
+    from studio.app import build_app
+    from studio.server.serving import StudioServer
 
     example = json.loads(EXAMPLE.read_text())
     config = StudioOptions(model="toy", port=0, outputs=None)

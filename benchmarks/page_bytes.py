@@ -108,7 +108,8 @@ def serve(argv: list[str]) -> int:
     from fastapi.routing import APIRoute
 
     from engine import Engine
-    from studio.server.app import StudioServer, build_app
+    from studio.app import build_app
+    from studio.server.serving import StudioServer
 
     engine = Engine(studio_app.load_models(config), mode=config.mode, max_batch_requests=config.max_batch,
                     limits=config.limits).start()

@@ -177,7 +177,8 @@ def start_studio(step_delay_s: float, outputs: Path):
     from engine import Engine
     from pipelines.toy import ToyPipeline
     from studio.config import StudioOptions
-    from studio.server.app import StudioServer, build_app
+    from studio.app import build_app
+    from studio.server.serving import StudioServer
 
     # Results are saved (under each caller's key), so a forged History token has something to find.
     config = StudioOptions(model="toy", port=0, preview_every=2, max_size=64, max_steps=50, max_per_session=64,

@@ -10,7 +10,7 @@ Whoever builds an engine also starts it (`start()`), so starting is not part of 
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 from engine.events import RequestHandle
 from engine.limits import ServingLimits
@@ -82,8 +82,9 @@ class EngineClient(Protocol):
         """Abort at the next step boundary; PermissionError for another session's request."""
 
     # ------------------------------------------------------------------ queues (engine.queue_control)
-    def pause_queue(self, session_id: str, *, abort_running: bool = False) -> None:
-        """Stop admitting the session's waiting requests; `abort_running` also aborts its running ones."""
+    def pause_queue(self, session_id: str, *, abort_running: bool = False, until: float | None = None) -> None:
+        """Stop admitting the session's waiting requests; `abort_running` also aborts its running ones.
+        The pause ends by itself at `until` (unix seconds), at most `limits.pause_expiry_s` from now."""
 
     def resume_queue(self, session_id: str) -> None:
         """Admit the session's waiting requests again."""
@@ -106,7 +107,10 @@ class EngineClient(Protocol):
 
     @property
     def pause_state(self) -> PauseState:
-        """The engine's pause and the paused sessions, as of now."""
+        """The engine's pause and the paused sessions (with when each ends), as of now."""
+
+    def watch_pauses(self, watcher: Callable[[PauseState], None]) -> None:
+        """`watcher(state)` after every later pause or resume, before that call returns."""
 
     # ------------------------------------------------------------------ watching
     def snapshot(self) -> EngineSnapshot:

@@ -31,7 +31,7 @@ from engine.limits import EngineClosedError, ServingLimits
 from engine.metrics import EngineMetrics
 from engine.models import ModelBatchKey, ModelSet
 from engine.pauses import Pauses
-from engine.queue_control import QUEUE_COMMANDS, QueueControl
+from engine.queue_control import QUEUE_COMMANDS, PausesChanged, QueueControl
 from engine.request import PreparedRequest, Request, RequestStatus
 from engine.runner import ModelRunner
 from engine.scheduler import Mode, Scheduler
@@ -304,10 +304,17 @@ class Engine(QueueControl):
             self._stopped.set()
 
     def _handle_commands(self, block: bool) -> bool:
-        """Apply queued commands; False when the engine must stop."""
+        """Apply queued commands; False when the engine must stop. Blocking, it also wakes when a
+        session's pause ends by itself, so that queue runs again at once."""
         try:
-            command = self._commands.get() if block else self._commands.get_nowait()
+            if block:
+                command = self._commands.get(timeout=self._pauses.seconds_to_next_end())
+            else:
+                command = self._commands.get_nowait()
         except queue.Empty:
+            if block:  # a pause ended: its waiting requests learn their place (and may start)
+                self._apply_queue_command(PausesChanged())
+                self._publish()
             return True
         while True:
             if isinstance(command, _Stop):

@@ -43,6 +43,10 @@ class ServingLimits:
     # (rows x tokens x steps, see engine.cost). None: no cost cap, only the count above.
     # A session with nothing in flight may always submit one request (within the caps above).
     max_session_cost: float | None = None
+    # A caller's pause of its own queue ends by itself this many seconds after it was made (its
+    # queue runs again), so a forgotten pause can't hold a caller's requests for ever. None: only
+    # a resume ends it. (The operator's pause of the whole engine has no end.)
+    pause_expiry_s: float | None = 3600.0
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "max_frames", "max_queue", "max_per_session"):
@@ -52,6 +56,11 @@ class ServingLimits:
         cost = self.max_session_cost
         if cost is not None and (isinstance(cost, bool) or not isinstance(cost, (int, float)) or not cost > 0):
             raise ValueError(f"max_session_cost must be a positive number or None, got {cost!r}.")
+        expiry = self.pause_expiry_s
+        if expiry is not None and (isinstance(expiry, bool) or not isinstance(expiry, (int, float))
+                                   or not 0 < expiry < float("inf")):
+            raise ValueError(f"pause_expiry_s must be a positive number of seconds or None (a pause lasts until "
+                             f"resumed), got {expiry!r}.")
 
     def resolved_for(self, info: PipelineInfo) -> "ServingLimits":
         """These limits with `max_size=None` replaced by the model's largest size: the top of its

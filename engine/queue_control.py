@@ -6,6 +6,7 @@ Every call returns at once; what it changes on the engine thread (an abort, a mo
 told to waiting requests) happens at the next step boundary, as a cancel does:
 
     engine.pause_queue("tab-1")                        # its waiting requests stay queued, "paused"
+    engine.pause_queue("tab-1", until=time.time() + 60)  # ... for a minute at most
     engine.pause_queue("tab-1", abort_running=True)    # ... and its running ones are aborted
     engine.move_request(request_id, "tab-1")           # first of tab-1's own waiting requests
     engine.move_request(request_id, "tab-1", before=other_id)
@@ -13,17 +14,21 @@ told to waiting requests) happens at the next step boundary, as a cancel does:
     engine.resume_queue("tab-1")
     engine.pause_engine(); engine.resume_engine()      # nothing new starts; running ones finish
     engine.pause_reason("tab-1")                       # "" | "session" | "engine", as of now
+    engine.watch_pauses(keep)                          # keep(state) after every change (a database)
 
 Pauses stop admission only, so a paused request keeps its place and loses no work: it has not
-started. The pause state itself lives in `engine.pauses.Pauses` (read by the scheduler).
+started. A session's pause ends by itself `ServingLimits.pause_expiry_s` after it was made (or at
+an earlier `until`); the engine thread wakes then, so the queue runs again at once. The pause
+state itself lives in `engine.pauses.Pauses` (read by the scheduler).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
-from engine.pauses import PauseState
+from engine.pauses import PauseState, pause_end
 
 PAUSE_ABORT_REASON = "aborted: its queue was paused"
 CLEAR_REASON = "cleared from its queue"
@@ -58,11 +63,13 @@ class QueueControl:
     """`Engine`'s queue members (a mixin: it uses the engine's ledger, pauses, scheduler and commands)."""
 
     # ------------------------------------------------------------------ callers' side
-    def pause_queue(self, session_id: str, *, abort_running: bool = False) -> None:
+    def pause_queue(self, session_id: str, *, abort_running: bool = False, until: float | None = None) -> None:
         """Stop admitting `session_id`'s waiting requests (they stay queued, told "paused");
         with `abort_running`, its running requests are aborted at the next step boundary,
-        otherwise they finish."""
-        self._pauses.set_session(session_id, True)
+        otherwise they finish. The pause ends by itself at `until` (unix seconds), at most the
+        server's `pause_expiry_s` from now (None: that limit); ValueError for an `until` that is
+        not a number."""
+        self._pauses.set_session(session_id, True, pause_end(until, self.limits.pause_expiry_s))
         if abort_running:
             self._commands.put(AbortSessionRequests(session_id, waiting=False, running=True,
                                                     reason=PAUSE_ABORT_REASON, requested_at=time.perf_counter()))
@@ -89,8 +96,14 @@ class QueueControl:
 
     @property
     def pause_state(self) -> PauseState:
-        """The engine's pause and the paused sessions, as of now."""
+        """The engine's pause and the paused sessions (with when each ends), as of now."""
         return self._pauses.state
+
+    def watch_pauses(self, watcher: Callable[[PauseState], None]) -> None:
+        """Call `watcher(state)` after every later pause or resume (of a session or the engine),
+        on the caller's thread, before its call returns: how a studio keeps them across restarts.
+        A session's pause that ends by itself is no call: the state says when each one ends."""
+        self._pauses.watch(watcher)
 
     def move_request(self, request_id: str, session_id: str, *, before: str | None = None) -> bool:
         """Move one of `session_id`'s waiting requests to the front of its own queue, or just

@@ -43,7 +43,7 @@ class StudioIngress:
         await asyncio.to_thread(self.engine.start)  # waits for a replica to load its model
 
     def __serve_build_asgi_app__(self):
-        from studio.server.app import build_app
+        from studio.app import build_app
 
         return build_app(self.engine, self.options)
 

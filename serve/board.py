@@ -19,8 +19,7 @@ from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import EngineSnapshot, EngineStats, RequestView
-from engine.snapshot import StageStats
+from engine import EngineSnapshot, EngineStats, RequestView, StageStats
 from serve.wire import ReplicaReport
 
 
@@ -120,7 +119,7 @@ def _localized(snapshot: EngineSnapshot, offset: float, our_ids: dict[str, str])
         )
 
     return EngineSnapshot(taken_at=snapshot.taken_at + offset, requests=tuple(view(v) for v in snapshot.requests),
-                          stats=snapshot.stats)
+                          stats=snapshot.stats, pauses=snapshot.pauses)
 
 
 def _summed_stats(stats: list[EngineStats], mode: str, max_batch_requests: int) -> EngineStats:

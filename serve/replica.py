@@ -8,6 +8,10 @@ Methods are what the facade (serve/replicated_engine.py) calls through Serve:
     generate(params, ...)      an async generator: `Admitted` or `Rejected`, then one item per
                                engine event until the final one
     report()                   this replica now: snapshot, metrics, liveness (`ReplicaReport`)
+    pause_queue, resume_queue, pause_engine, resume_engine, move_request, clear_queue
+                               the engine's own queue calls, broadcast to every replica by the
+                               facade (serve/queue_control.py), with this engine's request ids
+    apply_pauses(state)        make this engine's pauses `state` (a replica that missed a change)
     unknown_words(prompt, model)  the prompt words a model never learned (when it can tell)
     check_health()             Serve's probe: an engine whose thread stopped fails it, and Serve
                                replaces the replica
@@ -29,7 +33,7 @@ from typing import AsyncIterator
 
 from ray import serve
 
-from engine import AdmissionError, Engine, GenerationParams, PreparedRequest
+from engine import AdmissionError, Engine, GenerationParams, PauseState, PreparedRequest, warm_up
 from serve.settings import ReplicaSettings
 from serve.wire import (
     Admitted,
@@ -84,8 +88,6 @@ class EngineReplica:
         self.engine = Engine(pipelines, mode=settings.mode, max_batch_requests=settings.max_batch,
                              limits=settings.limits, max_batch_tokens=settings.max_tokens).start()
         if settings.compile:
-            from engine.warmup import warm_up
-
             defaults = self.engine.info.defaults
             warm_up(self.engine, [(defaults.width, defaults.height)])
         log.info("%s: %s on %s, cores %s", self.label, self.engine.info.name, self.device, self.cores)
@@ -130,6 +132,35 @@ class EngineReplica:
             clock=time.perf_counter(), snapshot=engine.snapshot(), metrics=engine.metrics.exposition(),
             alive=engine.is_alive, failure=engine.failure,
         )
+
+    # ------------------------------------------------------------------ queue control (broadcast)
+    async def pause_queue(self, session_id: str, abort_running: bool = False, until: float | None = None) -> None:
+        self.engine.pause_queue(session_id, abort_running=abort_running, until=until)
+
+    async def resume_queue(self, session_id: str) -> None:
+        self.engine.resume_queue(session_id)
+
+    async def pause_engine(self) -> None:
+        self.engine.pause_engine()
+
+    async def resume_engine(self) -> None:
+        self.engine.resume_engine()
+
+    async def move_request(self, request_id: str, session_id: str, before: str | None = None) -> bool:
+        """False on the replicas that don't hold the request (all but one)."""
+        return self.engine.move_request(request_id, session_id, before=before)
+
+    async def clear_queue(self, session_id: str, include_running: bool = False) -> int:
+        return self.engine.clear_queue(session_id, include_running=include_running)
+
+    async def apply_pauses(self, state: PauseState) -> None:
+        """Make this engine's pauses `state`: the facade's, told whole when this replica missed a change."""
+        engine = self.engine
+        (engine.pause_engine if state.engine else engine.resume_engine)()
+        for session in engine.pause_state.sessions - state.sessions:
+            engine.resume_queue(session)
+        for session in sorted(state.sessions):
+            engine.pause_queue(session, until=state.ends_at(session))
 
     async def unknown_words(self, prompt: str, model: str | None = None) -> tuple[str, ...]:
         finder = getattr(self.engine.models[model], "unknown_words", None)

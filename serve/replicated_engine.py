@@ -23,7 +23,7 @@ Every member of the interface behaves as on one engine, with these differences:
   starts another, and new requests go to the replicas that are up. Nothing waits forever:
   every call to a replica has a deadline, and a dead replica's streams raise at once.
 - `snapshot()` and `metrics` are what the replicas reported at most `refresh_s` ago.
-- Queue control (pause, move, clear) is not offered: serve/queue_control.py says why.
+- Queue control (pause, resume, move, clear) reaches every replica: serve/queue_control.py says how.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import DeploymentUnavailableError, RequestCancelledError
 
 from engine import (
+    FINAL_EVENTS,
     SHUTDOWN_REASON,
     Aborted,
     AdmissionLedger,
@@ -48,28 +49,22 @@ from engine import (
     Event,
     Failed,
     GenerationParams,
+    ModelSet,
+    Pauses,
     PreparedRequest,
     QueueFullError,
     RequestHandle,
     ServingLimits,
+    deliver_pending,
 )
-from engine.events import FINAL_EVENTS, deliver_pending
-from engine.models import ModelSet
 from pipelines.interface import PipelineInfo
 from serve.board import ReplicaBoard, ReplicatedSnapshot
 from serve.flight import Flight
-from serve.queue_control import QueueControlUnavailable
+from serve.queue_control import ReplicatedQueueControl
 from serve.remote_pipeline import RemotePipeline
 from serve.replicated_metrics import ReplicatedMetrics
 from serve.settings import REFRESH_S
-from serve.wire import (
-    Admitted,
-    Rejected,
-    ReplicaDescription,
-    ReplicaReport,
-    WireProgress,
-    event_from_wire,
-)
+from serve.wire import Admitted, Rejected, ReplicaDescription, ReplicaReport, WireProgress, event_from_wire
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +76,7 @@ class ReplicasUnavailableError(QueueFullError):
     """No engine replica answered in time (all busy starting, or being replaced): try again."""
 
 
-class ReplicatedEngine(QueueControlUnavailable):
+class ReplicatedEngine(ReplicatedQueueControl):
     def __init__(self, handle, *, refresh_s: float = REFRESH_S, call_timeout_s: float = 10.0,
                  start_timeout_s: float = 600.0) -> None:
         self._handle = handle  # DeploymentHandle of the EngineReplica deployment
@@ -96,6 +91,7 @@ class ReplicatedEngine(QueueControlUnavailable):
         self._description: ReplicaDescription | None = None
         self._refresher: asyncio.Task | None = None
         self._snapshot: ReplicatedSnapshot = self._board.snapshot({})
+        self._pauses = Pauses()  # every replica's paused queues, as callers set them (serve/queue_control.py)
         self._stopped = threading.Event()
         # Every request of ours in flight, and the open door (callers admit, the relay loop releases).
         self._ledger: AdmissionLedger[Flight] = AdmissionLedger(
@@ -346,7 +342,9 @@ class ReplicatedEngine(QueueControlUnavailable):
         with self._lock:
             our_ids = dict(self._our_ids)
         description = self._description
-        self._snapshot = self._board.snapshot(our_ids, description.mode, description.max_batch_requests)
+        snapshot = self._board.snapshot(our_ids, description.mode, description.max_batch_requests)
+        self._snapshot = replace(snapshot, pauses=self._pauses.state)
+        await self.keep_replicas_paused(self._board.reports)
 
     def _unknown_words(self, prompt: str, model: str) -> tuple[str, ...]:
         return self._call(lambda: self._handle.unknown_words.remote(prompt, model), self.call_timeout_s)

@@ -87,6 +87,9 @@ class StudioOptions:
     # The operator's key for /v1/admin/ (pause and resume the whole engine); None: no admin routes.
     admin_key: str | None = None
     start_paused: bool = False  # the engine starts paused: nothing runs until an operator resumes it
+    # A caller's pause of its own queue ends by itself after this many seconds; None: only a resume
+    # ends it (engine.ServingLimits.pause_expiry_s).
+    pause_expiry_s: float | None = 3600.0
     outputs: str | None = "outputs"  # where finished results are saved (None: --no-save)
     # Accepted work older than this at a restart is not run again (studio.store.recovery).
     resume_max_age_s: float = 86400.0
@@ -122,6 +125,11 @@ class StudioOptions:
         cost = self.max_session_cost
         if cost is not None and (isinstance(cost, bool) or not isinstance(cost, (int, float)) or not cost > 0):
             raise ValueError(f"max_session_cost must be a positive number or None (no cost limit), got {cost!r}.")
+        expiry = self.pause_expiry_s
+        if expiry is not None and (isinstance(expiry, bool) or not isinstance(expiry, (int, float))
+                                   or not 0 < expiry < float("inf")):
+            raise ValueError(f"pause_expiry_s={expiry!r} is not allowed: use a positive number of seconds, or None "
+                             "(--pause-expiry 0) for pauses that only a resume ends.")
         for name in ("request_timeout_s", "shutdown_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}.")
@@ -153,7 +161,7 @@ class StudioOptions:
     @property
     def limits(self) -> ServingLimits:
         return ServingLimits(max_steps=self.max_steps, max_size=self.max_size, max_per_session=self.max_per_session,
-                             max_session_cost=self.max_session_cost)
+                             max_session_cost=self.max_session_cost, pause_expiry_s=self.pause_expiry_s)
 
     @property
     def http_api_keys(self) -> dict[str, str]:

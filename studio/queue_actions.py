@@ -3,24 +3,35 @@ stands. The gradio_client endpoints, the HTTP API and the page all act through t
 each on the caller's own session (the engine refuses another session's request with
 PermissionError); each answers a small JSON-ready dict, the same on every front end.
 
-With Ray Serve replicas the engine raises NotImplementedError with its reason; front ends show it.
+With Ray Serve replicas the same calls reach every replica (serve/queue_control.py): they may wait
+for the replicas' answers, so front ends call them from worker threads.
 """
 
 from __future__ import annotations
 
+import time
+
 from engine import EngineClient
+from studio.queue_snapshot import format_seconds
 
 
-def queue_state(engine: EngineClient, session_id: str) -> dict:
-    """How the caller's queue stands now: paused by itself or by the operator, and its requests."""
+def queue_state(engine: EngineClient, session_id: str, now: float | None = None) -> dict:
+    """How the caller's queue stands now: paused by itself (until when) or by the operator, and its
+    requests. `now`: unix seconds (default: the clock's)."""
     mine = [view for view in engine.snapshot().requests if view.session_id == session_id]
     state = engine.pause_state
+    paused = session_id in state.sessions
+    ends_at = state.ends_at(session_id)
+    ends_in = None if ends_at is None else max(0.0, ends_at - (time.time() if now is None else now))
     return {
-        "paused": session_id in state.sessions,  # by the caller (it can resume it)
+        "paused": paused,  # by the caller (it can resume it)
+        # Unix seconds the caller's pause ends by itself (None: not paused, or only a resume ends it).
+        "paused_until": ends_at,
+        "pause_ends_in_s": None if ends_in is None else round(ends_in, 1),
         "engine_paused": state.engine,  # by the operator (only the operator can resume it)
         "waiting": sum(1 for view in mine if view.state == "waiting"),
         "running": sum(1 for view in mine if view.state == "running"),
-        "message": _state_message(session_id in state.sessions, state.engine),
+        "message": _state_message(paused, state.engine, ends_in),
     }
 
 
@@ -28,11 +39,16 @@ def engine_paused_message() -> str:
     return "the studio is paused by its operator: nothing new starts until it is resumed"
 
 
-def _state_message(paused: bool, engine_paused: bool) -> str:
+def pause_end_words(ends_in_s: float | None) -> str:
+    """" (it resumes by itself in 59 m 12 s)", or "" for a pause only a resume ends."""
+    return "" if ends_in_s is None else f" (it resumes by itself in {format_seconds(ends_in_s)})"
+
+
+def _state_message(paused: bool, engine_paused: bool, ends_in_s: float | None) -> str:
     if engine_paused:
-        return engine_paused_message() + ("; your queue is paused too" if paused else "")
+        return engine_paused_message() + ("; your queue is paused too" + pause_end_words(ends_in_s) if paused else "")
     if paused:
-        return "your queue is paused: your queued requests wait; resume to start them"
+        return "your queue is paused: your queued requests wait; resume to start them" + pause_end_words(ends_in_s)
     return "your queue runs"
 
 

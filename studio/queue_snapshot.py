@@ -19,6 +19,18 @@ HIDDEN_PROMPT = "(hidden)"
 Viewer = str | Collection[str] | None
 
 
+def format_seconds(seconds: float | None) -> str:
+    """A time span as every view shows it ("4.2 s", "37 s", "59 m 12 s")."""
+    if seconds is None:
+        return "–"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} m {rest:02d} s"
+
+
 def is_viewers(view: RequestView, viewer: Viewer) -> bool:
     """Whether the request is the viewer's own."""
     if viewer is None:
@@ -68,8 +80,10 @@ def snapshot_as_dict(
     now = time.perf_counter() if now is None else now
     return {
         "requests": [request_as_dict(v, viewer_session, show_prompts, now, resumed) for v in snapshot.requests],
-        # Whether the viewer's own queue is paused, and whether an operator paused everything.
-        "paused": {"mine": viewer_session in snapshot.pauses.sessions, "engine": snapshot.pauses.engine},
+        # Whether the viewer's own queue is paused (and the unix time it ends by itself: None when it is
+        # not paused, or only a resume ends it), and whether an operator paused everything.
+        "paused": {"mine": viewer_session in snapshot.pauses.sessions, "engine": snapshot.pauses.engine,
+                   "mine_until": None if viewer_session is None else snapshot.pauses.ends_at(viewer_session)},
         "engine": {
             "mode": stats.mode,
             "max_batch_requests": stats.max_batch_requests,  # requests per forward (a CFG request has 2 rows)

@@ -14,7 +14,8 @@ from gradio_client import Client
 
 from engine import Engine
 from studio.config import StudioOptions
-from studio.server.app import StudioServer, build_app
+from studio.app import build_app
+from studio.server.serving import StudioServer
 
 
 @contextlib.contextmanager

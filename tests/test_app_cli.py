@@ -10,7 +10,7 @@ import pytest
 import app
 from engine import Engine, GenerationParams
 from studio.config import StudioOptions
-from studio.server.app import for_engine, http_api_config
+from studio.app import for_engine, http_api_config
 from tests.studio_helpers import START_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -120,7 +120,7 @@ def test_a_database_the_studio_cannot_use_stops_it_with_status_2_and_a_way_out(t
     assert {name: code for name, (code, _) in results.items()} == dict.fromkeys(processes, 2), results
     messages = {name: output.strip().splitlines()[-1] for name, (_, output) in results.items()}
     assert "can't be read as the studio's database" in messages["truncated"] and "mv " in messages["truncated"]
-    assert "schema version 99, newer than this studio knows (3)" in messages["newer"]
+    assert "schema version 99, newer than this studio knows (4)" in messages["newer"]
     assert "is locked by another process" in messages["locked"]
     assert "not a studio's" in messages["foreign"]
     assert all("serving on" not in output for _, output in results.values())

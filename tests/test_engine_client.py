@@ -64,7 +64,7 @@ def test_the_interface_lists_what_the_studio_uses():
         "models", "info", "infos", "limits", "limits_for", "mode", "max_batch_requests",
         "prepare_params", "prepare", "submit", "cancel",
         "pause_queue", "resume_queue", "move_request", "clear_queue", "pause_engine", "resume_engine",
-        "pause_reason", "pause_state",
+        "pause_reason", "pause_state", "watch_pauses",
         "snapshot", "metrics", "is_alive", "accepting", "failure",
         "shutdown", "wait_stopped", "close",
     }

@@ -20,7 +20,8 @@ from engine import Engine
 from pipelines.toy import ToyPipeline
 from studio.api.http_routes import ImageGenerationRequest
 from studio.config import StudioOptions
-from studio.server.app import StudioServer, build_app
+from studio.app import build_app
+from studio.server.serving import StudioServer
 from studio.server.guards import MAX_JSON_DEPTH
 from studio.workflows.format import MAX_WORKFLOW_BYTES
 from tests.test_history_owners import png_with_texts

@@ -116,11 +116,29 @@ def test_serve_uses_only_public_names_of_the_engine_and_everything_else():
     assert {name: names for name, names in used.items() if names} == {}
 
 
+def engine_submodules_imported(source: str) -> set[str]:
+    """`engine.<module>` names a module imports (`from engine.events import X`, `import engine.models`)."""
+    return {module for module in imported_modules(source) if module.startswith("engine.")}
+
+
+def test_the_engine_submodule_check_sees_both_import_forms():
+    source = "from engine import Engine\nfrom engine.events import FINAL_EVENTS\nimport engine.models\n"
+    assert engine_submodules_imported(source) == {"engine.events", "engine.models"}
+
+
+def test_serve_and_the_studio_use_only_the_engine_packages_public_names():
+    """`from engine import ...` only: what the engine offers its front ends is what engine/__init__.py
+    exports (a lazy import inside a function counts too)."""
+    sources = [*SERVE.glob("*.py"), *(ROOT / "studio").rglob("*.py"), ROOT / "app.py"]
+    used = {str(path.relative_to(ROOT)): sorted(engine_submodules_imported(path.read_text())) for path in sources}
+    assert {name: modules for name, modules in used.items() if modules} == {}
+
+
 def test_serve_reaches_the_studio_only_for_its_options_and_its_app():
     imported = set().union(*(imported_modules(path.read_text()) for path in SERVE.glob("*.py")))
     assert "gradio" not in _top_level(imported)  # torch, yes: a replica runs a model
     # The app is built inside the ingress replica (serve/application.py), never at import.
-    assert {m for m in imported if m.partition(".")[0] == "studio"} == {"studio.config", "studio.server.app"}
+    assert {m for m in imported if m.partition(".")[0] == "studio"} == {"studio.config", "studio.app"}
 
 
 def test_every_serve_module_loads_without_torch_or_gradio():

@@ -107,7 +107,7 @@ def test_the_endpoints_are_listed_and_an_operator_pause_shows_in_the_callers_sta
         wait_for(lambda: any(s["paused"] == "engine" for s in statuses(job)), what="an engine-paused status")
         state = client.predict(api_name="/queue_state")
         assert (state["engine_paused"], state["paused"]) == (True, False)
-        assert client.predict(api_name="/queue")["paused"] == {"mine": False, "engine": True}
+        assert client.predict(api_name="/queue")["paused"] == {"mine": False, "engine": True, "mine_until": None}
     finally:
         engine.resume_engine()
     assert job.result(timeout=60)[0]["state"] == "completed"

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
 from engine import Engine, GenerationParams
 from pipelines.toy import ToyPipeline
 from studio.page.queue_view import format_seconds, render_queue
+from studio import queue_actions
 from studio.queue_snapshot import HIDDEN_PROMPT, short_id, snapshot_as_dict
 from tests.engine_helpers import StepGate
+from tests.studio_helpers import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +172,26 @@ def test_batch_mates_of_other_sizes_show_their_sizes_and_one_forward():
     as_json = snapshot_as_dict(snapshot, "s1", show_prompts=False)
     assert [r["size"] for r in as_json["requests"]] == ["128x64", "64x64", "32x96"]
     assert as_json["engine"]["current_batch_tokens"] == 240
+
+
+def test_a_callers_paused_queue_says_when_it_resumes_by_itself():
+    engine = Engine(ToyPipeline())
+    now = time.time()
+    engine.pause_queue("alice", until=now + 100)
+    engine.submit(GenerationParams(prompt="waits", num_inference_steps=2), "alice")
+    engine.start()
+    try:
+        state = queue_actions.queue_state(engine, "alice", now=now)
+        assert (state["paused"], state["paused_until"], state["pause_ends_in_s"]) == (True, now + 100, 100.0)
+        assert state["message"] == ("your queue is paused: your queued requests wait; resume to start them "
+                                    "(it resumes by itself in 1 m 40 s)")
+        assert queue_actions.queue_state(engine, "bob", now=now)["paused_until"] is None
+        snapshot = wait_for(lambda: engine.snapshot() if engine.snapshot().requests else None, what="the request")
+    finally:
+        engine.close()
+    assert snapshot_as_dict(snapshot, "alice", False)["paused"] == {"mine": True, "engine": False, "mine_until": now + 100}
+    assert snapshot_as_dict(snapshot, "bob", False)["paused"] == {"mine": False, "engine": False, "mine_until": None}
+    page = render_queue(snapshot, viewer_session="alice", wall_now=now + 40)
+    assert ('<div class="ss-paused-note">Your queue is paused: your queued requests wait until you resume it '
+            "(it resumes by itself in 1 m 00 s).</div>") in page
+    assert "ss-paused-note" not in render_queue(snapshot, viewer_session="bob", wall_now=now)

@@ -195,7 +195,8 @@ def test_gradio_temp_files_go_only_once_the_server_has_closed_every_connection()
     from engine import Engine
     from pipelines.toy import ToyPipeline
     from studio.config import StudioOptions
-    from studio.server.app import StudioServer, build_app
+    from studio.app import build_app
+    from studio.server.serving import StudioServer
 
     engine = Engine(ToyPipeline()).start()
     server = StudioServer(build_app(engine, StudioOptions(model="toy", port=0, outputs=None)), "127.0.0.1", 0).start()

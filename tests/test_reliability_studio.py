@@ -17,7 +17,8 @@ from engine import Engine
 from pipelines.toy import ToyPipeline
 from studio.config import StudioOptions
 from studio.server import server_compat
-from studio.server.app import StudioServer, build_app
+from studio.app import build_app
+from studio.server.serving import StudioServer
 from studio.server.temp_files import delete_temp_files
 from studio.sessions import session_id_of
 from tests.engine_helpers import StepGate

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install -e '.[serve]')")
 
-from studio.server.app import free_port  # noqa: E402
+from studio.server.sockets import free_port  # noqa: E402
 from tests.studio_helpers import wait_for, wait_until_serving  # noqa: E402
 
 pytestmark = pytest.mark.slow

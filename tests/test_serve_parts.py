@@ -249,7 +249,7 @@ def test_the_queue_view_has_one_table_per_replica():
 def test_the_default_app_never_imports_ray():
     code = ("import sys, app\n"
             "app.build_parser().parse_args(['--replicas', '2'])\n"
-            "import studio.server.app, engine\n"
+            "import studio.app, engine\n"
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.') or m == 'serve'))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

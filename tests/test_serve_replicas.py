@@ -23,11 +23,13 @@ import pytest
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install -e '.[serve]')")
 
 from engine import (  # noqa: E402
+    CLEAR_REASON,
     Aborted,
     Completed,
     Engine,
     Failed,
     GenerationParams,
+    PauseState,
     Progress,
     Queued,
     ServingLimits,
@@ -35,6 +37,7 @@ from engine import (  # noqa: E402
 )
 from pipelines.toy import ToyPipeline  # noqa: E402
 from serve.local import local_replicas  # noqa: E402
+from serve.queue_control import same_pauses  # noqa: E402
 from serve.settings import ReplicaSettings, ServeSettings  # noqa: E402
 from studio.page.ui import render_queues  # noqa: E402
 
@@ -210,6 +213,89 @@ def test_a_sessions_limit_counts_its_requests_on_every_replica(engine):
     with pytest.raises(PermissionError, match="belongs to another session"):
         engine.cancel(handles[0].request_id, "someone else")
     _cancel_all(engine, handles)
+
+
+def _until(what: str, check, timeout_s: float = 30.0):
+    """Poll `check()` (each call refreshes what it needs) until it holds."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _replica_pauses(engine) -> list[PauseState]:
+    engine.refresh()
+    return [report.snapshot.pauses for report in engine.replicas]
+
+
+def test_replica_pause_states_compare_by_what_they_hold():
+    ours = PauseState(sessions=frozenset({"q"}), ends=(("q", 1000.0001),))
+    assert same_pauses(PauseState(sessions=frozenset({"q"}), ends=(("q", 1000.0),)), ours)
+    assert not same_pauses(PauseState(sessions=frozenset({"q"})), ours)  # no end
+    assert not same_pauses(PauseState(engine=True, sessions=frozenset({"q"}), ends=ours.ends), ours)
+    assert not same_pauses(PauseState(), ours)
+
+
+def test_pause_move_clear_and_resume_reach_every_replica(engine):
+    engine.pause_queue("q")
+    ends = engine.pause_state.ends_at("q")
+    assert ends is not None and engine.pause_reason("q") == "session"
+    assert engine.snapshot().pauses.sessions == frozenset({"q"})  # the views say so at once
+    # Every replica holds the pause, with the one end the facade chose.
+    _until("both replicas paused", lambda: [p.ends_at("q") for p in _replica_pauses(engine)] == [ends, ends])
+    held = []
+    for size in (64, 32, 64):  # 64 px on one replica, 32 px on the other
+        held.append(engine.submit(GenerationParams(prompt=f"held {size}", width=size, height=size,
+                                                   num_inference_steps=LONG), session_id="q"))
+        assert next(held[-1].events(timeout=60)).paused == "session"
+    on = [engine.replica_of(handle.request_id) for handle in held]
+    assert on[0] == on[2] != on[1]
+
+    # A move applies on the replica that holds the request: the second 64 px request goes first there.
+    assert engine.move_request(held[2].request_id, "q") is True
+    _until("the moved request first on its replica", lambda: [
+        (v.request_id, v.position, v.paused) for v in dict(engine.refresh().replicas)[on[0]].requests] == [
+        (held[2].request_id, 1, "session"), (held[0].request_id, 2, "session")])
+    with pytest.raises(ValueError, match=rf"request_id={held[1].request_id[:8]} waits on {on[1]} and "
+                                         rf"before={held[0].request_id[:8]} on {on[0]}: with --replicas each replica"):
+        engine.move_request(held[1].request_id, "q", before=held[0].request_id)
+    with pytest.raises(PermissionError, match="belongs to another session"):
+        engine.move_request(held[0].request_id, "someone else")
+    assert engine.move_request("no-such-request", "q") is False
+
+    # A clear reaches both replicas: nothing of the paused queue ever ran.
+    assert engine.clear_queue("q") == 3
+    assert [handle.result(timeout=30) for handle in held] == [Aborted(CLEAR_REASON, cause="cancelled")] * 3
+    assert not any(isinstance(event, Progress) for handle in held for event in handle.history)
+
+    engine.resume_queue("q")
+    assert engine.pause_state.sessions == frozenset() and engine.pause_reason("q") == ""
+    _until("both replicas resumed", lambda: all(p.sessions == frozenset() for p in _replica_pauses(engine)))
+    after = engine.submit(GenerationParams(prompt="after the resume", num_inference_steps=4), session_id="q")
+    assert isinstance(after.result(timeout=60), Completed)
+
+    # The operator's pause holds every replica's queue; its resume lets it run.
+    engine.pause_engine()
+    _until("both replicas' engines paused", lambda: all(p.engine for p in _replica_pauses(engine)))
+    waiting = engine.submit(GenerationParams(prompt="waits", num_inference_steps=4), session_id="r")
+    assert next(waiting.events(timeout=60)).paused == "engine"
+    engine.resume_engine()
+    assert isinstance(waiting.result(timeout=60), Completed) and engine.requests_in_flight == 0
+
+
+def test_a_replica_that_missed_a_change_is_told_the_pauses_again(engine):
+    engine.pause_queue("s")
+    ends = engine.pause_state.ends_at("s")
+    _until("both replicas paused", lambda: [p.ends_at("s") for p in _replica_pauses(engine)] == [ends, ends])
+    # Behind the facade's back (as a replica started after the pause would be): both resumed.
+    engine._handle.broadcast("resume_queue", "s").results(timeout_s=30)
+    time.sleep(0.3)  # their engines publish it; the facade sees reports that differ from its own pauses
+    _until("the replicas paused again", lambda: [p.ends_at("s") for p in _replica_pauses(engine)] == [ends, ends])
+    engine.resume_queue("s")
+    _until("both replicas resumed", lambda: all(p.sessions == frozenset() for p in _replica_pauses(engine)))
 
 
 def _lost_requests(engine) -> float:

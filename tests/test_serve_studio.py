@@ -26,7 +26,7 @@ yaml = pytest.importorskip("yaml")
 from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
-from studio.server.app import free_port  # noqa: E402
+from studio.server.sockets import free_port  # noqa: E402
 from tests.studio_helpers import connect, statuses, wait_for, wait_until_serving  # noqa: E402
 
 pytestmark = pytest.mark.slow

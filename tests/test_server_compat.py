@@ -21,7 +21,7 @@ from engine import Engine
 from pipelines.toy import ToyPipeline
 from studio.config import StudioOptions
 from studio.server import server_compat
-from studio.server.app import build_app
+from studio.app import build_app
 
 
 @pytest.fixture(scope="module")

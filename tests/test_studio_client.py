@@ -19,7 +19,8 @@ from PIL import Image
 from engine import Engine
 from pipelines.toy import ToyPipeline
 from studio.config import StudioOptions
-from studio.server.app import StudioServer, build_app
+from studio.app import build_app
+from studio.server.serving import StudioServer
 from tests.engine_helpers import StepGate, spy_on_submits
 from tests.studio_helpers import connect, live_studio, statuses, streamed, wait_for
 

@@ -122,6 +122,41 @@ def test_the_studio_modules_import_each_other_without_a_circle():
             "studio.workflows.run"} <= {name for name, targets in imports.items() if "studio.tracker" in targets}
 
 
+def _imports_from(package: str, targets: tuple[str, ...]) -> list[str]:
+    """"module imports target" for every import (a TYPE_CHECKING one too) by a module of `package`
+    of a studio module in (or under) one of `targets`."""
+    return [f"{name} imports {target}" for name, tree in _trees().items() if name.startswith(package + ".")
+            for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+            for target in _imported(node) if any(target == t or target.startswith(t + ".") for t in targets)]
+
+
+def test_the_layer_check_sees_imports_made_only_for_type_checking():
+    assert _imports_from("studio.store", ("studio.store.store",))  # durable.py and recovery.py import it
+    assert "studio.store.durable imports studio.outputs" in _imports_from("studio.store", ("studio.outputs",))
+
+
+def test_the_store_never_needs_the_api_the_page_or_the_app():
+    """The durable store sits under every front end: what it needs of one (recovery's video jobs) it
+    states itself (a Protocol), even for type checking."""
+    assert _imports_from("studio.store", ("studio.api", "studio.page", "studio.app", "studio.server.app")) == []
+
+
+ABOVE_THE_API = ("studio.api", "studio.page", "studio.app", "studio.server.app")  # the routes, the page, the app
+
+
+def test_the_api_never_imports_the_composition_root_or_a_package_that_imports_the_api():
+    """studio/app.py wires the API and the page together; the API routes use low-level pieces
+    (studio.server's guards, throttle and temp files, the store): no module of a
+    package the API uses may import the API, the page or the app, so an arrow into studio.server
+    never leads back up."""
+    assert _imports_from("studio.api", ABOVE_THE_API[1:]) == []
+    used = {target.rpartition(".")[0] for name, tree in _trees().items() if name.startswith("studio.api.")
+            for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)) for target in _imported(node)}
+    packages = sorted(package for package in used if package.startswith("studio.") and package != "studio.api")
+    assert {"studio.server", "studio.store"} <= set(packages)  # the check sees them
+    assert [found for package in packages for found in _imports_from(package, ABOVE_THE_API)] == []
+
+
 _PROBE = r"""
 import importlib, json, pkgutil, sys
 import studio.api

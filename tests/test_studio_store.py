@@ -13,14 +13,19 @@ from studio.store.database import SCHEMA_VERSION
 from studio.store.store import StudioStore
 
 
+def opened_as_version(version: int, folder, monkeypatch) -> StudioStore:
+    """The store of `folder` as a studio of schema `version` opened it (its migrations only)."""
+    with monkeypatch.context() as old:
+        old.setattr(database, "MIGRATIONS", database.MIGRATIONS[:version])
+        old.setattr(database, "SCHEMA_VERSION", version)
+        return StudioStore.open(folder)
+
+
 def test_a_version_1_database_migrates_to_the_current_schema_keeping_its_rows(tmp_path, monkeypatch):
     # A database as the first schema's studios wrote it, with one accepted request in it.
-    with monkeypatch.context() as old:
-        old.setattr(database, "MIGRATIONS", database.MIGRATIONS[:1])
-        old.setattr(database, "SCHEMA_VERSION", 1)
-        store = StudioStore.open(tmp_path)
-        store.accept("image", "tab-1", "a" * 32, GenerationParams(prompt="kept", seed=5))
-        store.close()
+    store = opened_as_version(1, tmp_path, monkeypatch)
+    store.accept("image", "tab-1", "a" * 32, GenerationParams(prompt="kept", seed=5))
+    store.close()
     with sqlite3.connect(tmp_path / "studio.db") as connection:
         assert connection.execute("PRAGMA user_version").fetchone() == (1,)
         assert "workflow_runs" not in {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
@@ -33,7 +38,7 @@ def test_a_version_1_database_migrates_to_the_current_schema_keeping_its_rows(tm
     finally:
         store.close()
     with sqlite3.connect(tmp_path / "studio.db") as connection:
-        assert connection.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (3,)
+        assert connection.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (4,)
 
 
 def test_a_journaled_run_comes_back_with_how_its_branches_ended():

@@ -64,12 +64,10 @@ def wire_api_endpoints(engine: EngineClient, config: StudioOptions, store: Outpu
 
 
 def _acceptor(store: OutputStore, durable: DurableRequests):
-    """Record a submitted request as accepted for its caller's history; the future is done once
-    its result is saved (or it ended without one)."""
-    def accept(handle):
-        owner = store.owners.of_caller(handle.session_id)
-        entry = durable.store.accept("image", handle.session_id, owner, handle.params)
-        return durable.follow(handle, entry, finish_image(store))
+    """Record a submitted request as accepted for its caller's history (the commit off the event
+    loop); the future it gives is done once its result is saved (or it ended without one)."""
+    async def accept(handle):
+        return await durable.accept("image", handle, store.owners.of_caller(handle.session_id), finish_image(store))
 
     return accept
 
@@ -206,8 +204,11 @@ async def _streamed(engine: EngineClient, config: StudioOptions, accept, form: F
     a preview once when a new one came, the image or video once when it is done."""
     status, preview, media = components
     accepted = []
-    updates = follow_request(engine, form, session, config.preview_every, makes=kind,
-                             accept=lambda handle: accepted.append(accept(handle)))
+
+    async def accept_and_keep(handle) -> None:
+        accepted.append(await accept(handle))
+
+    updates = follow_request(engine, form, session, config.preview_every, makes=kind, accept=accept_and_keep)
     shown_preview = None
     async with contextlib.aclosing(updates):
         async for now in updates:
@@ -237,7 +238,9 @@ async def follow_request(engine: EngineClient, form: FormValues, session_id: str
                          makes: str | None = None, accept=None) -> AsyncIterator[Status]:
     """Submit one request and yield its status as submitted, then after each engine event until
     it ends. `makes`: "image" or "video", when the caller can only take that kind (the model
-    must make it). `accept(handle)`: called once the engine took it (to record it as accepted).
+    must make it). `accept(handle)`: awaited once the engine took it, to record it as accepted (a
+    commit, off the event loop): the first status comes after it. If it fails, or the caller goes
+    while it waits, the request is cancelled.
 
     Gradio stops a handler by cancelling its task or closing its generator (a client's
     `job.cancel()`, a closed tab, an error); the tracker then cancels the request. The Cancel
@@ -250,7 +253,11 @@ async def follow_request(engine: EngineClient, form: FormValues, session_id: str
             raise ValueError(f"model={params.model!r} makes {kind}s, not {makes}s: use {other} for it.")
         handle = engine.submit(params, session_id=session_id)
         if accept is not None:
-            accept(handle)
+            try:
+                await accept(handle)
+            except BaseException:
+                handle.cancel()
+                raise
         tracker = RequestTracker(handle)
     async with contextlib.aclosing(tracker.updates()) as updates:  # closing it early cancels the request
         async for status, _ in updates:

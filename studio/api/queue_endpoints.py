@@ -30,15 +30,14 @@ def _queue_errors() -> Iterator[None]:
         raise user_error(str(exc), "Not your request") from None
     except ValueError as exc:
         raise user_error(str(exc), "Bad request") from None
-    except NotImplementedError as exc:
-        raise user_error(str(exc), "Not available") from None
 
 
 def wire_queue_endpoints(engine: EngineClient) -> None:
     def pause_queue(abort_running: bool = False, request: gr.Request = None) -> dict:
         """Pause YOUR queue: your queued requests stay queued (their status says paused: "session")
-        and none starts until /resume_queue. abort_running=true also aborts your running requests
-        at the next step boundary; otherwise they finish."""
+        and none starts until /resume_queue, or until the pause ends by itself (paused_until, the
+        server's --pause-expiry). abort_running=true also aborts your running requests at the next
+        step boundary; otherwise they finish."""
         with _queue_errors():
             return queue_actions.pause_own_queue(engine, session_id_of(request), abort_running)
 
@@ -63,8 +62,8 @@ def wire_queue_endpoints(engine: EngineClient) -> None:
             return queue_actions.move_own_request(engine, session, full_id, target)
 
     def queue_state(request: gr.Request = None) -> dict:
-        """Whether YOUR queue is paused (and whether the operator paused the studio), and how many
-        of your requests wait and run."""
+        """Whether YOUR queue is paused (paused_until: the unix time it resumes by itself) and whether
+        the operator paused the studio, and how many of your requests wait and run."""
         return queue_actions.queue_state(engine, session_id_of(request))
 
     for handler in (pause_queue, resume_queue, clear_queue, move_request, queue_state):

@@ -21,6 +21,7 @@ how to turn them on. Every change goes through studio.queue_actions, as on the o
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 
 import fastapi
@@ -70,15 +71,15 @@ def add_queue_routes(router: fastapi.APIRouter, engine_: engine.EngineClient, co
                     body = body_type.model_validate_json(raw or b"{}")
                 except pydantic.ValidationError as error:
                     raise http_errors.from_validation_error(error) from None
-            return JSONResponse(act(session, body))
+            # In a worker thread: a pause is saved (a synced commit) before it is answered, and with
+            # replicas each call waits for every replica's answer; neither may hold the event loop.
+            return JSONResponse(await asyncio.to_thread(act, session, body))
         except ApiError as error:
             return error.to_response()
         except PermissionError:  # only when the request changed hands between our look and the engine's
             return ApiError(404, "that request is not one of yours.", code="request_not_found").to_response()
         except ValueError as error:
             return http_errors.invalid_value(str(error), None).to_response()
-        except NotImplementedError as error:
-            return ApiError(501, str(error), type="server_error", code="not_available").to_response()
 
     @router.get("/v1/queue", name="stepstudio_queue")
     async def own_queue(request: Request) -> Response:
@@ -116,10 +117,7 @@ def add_queue_routes(router: fastapi.APIRouter, engine_: engine.EngineClient, co
             await _check_admin_key(request, config, attempts)
         except ApiError as error:
             return error.to_response()
-        try:
-            act()
-        except NotImplementedError as error:
-            return ApiError(501, str(error), type="server_error", code="not_available").to_response()
+        await asyncio.to_thread(act)  # saved, or sent to every replica, off the event loop
         return JSONResponse(_engine_queue(engine_))
 
     @router.get("/v1/admin/queue", name="stepstudio_admin_queue")

@@ -96,11 +96,13 @@ class VideoJobs:
     outputs: OutputStore | None
     files_folder: Path  # where finished jobs' downloads are kept
 
-    def accept(self, job: VideoJob) -> None:
-        """Record a job's request (`job.handle`, just submitted) as accepted, and follow it to its end."""
+    async def accept(self, job: VideoJob) -> None:
+        """Add a job (its request, `job.handle`, just submitted) and record its request as accepted,
+        then follow it to its end: both commits on the store's writer thread, off the event loop,
+        done when this returns. VideoStoreFull when the room `make_room` made was taken meanwhile."""
         owner = self.outputs.owners.of_caller(job.owner) if self.outputs is not None and self.outputs.enabled else ""
-        entry = self.durable.store.accept("video_job", job.owner, owner, job.params, video_id=job.id)
-        self.follow(job, entry)
+        await self.durable.accept("video_job", job.handle, owner, self._finish,
+                                  video_id=job.id, before=lambda: self.store.add(job))
 
     def fail(self, job: VideoJob, code: str, message: str, in_same_commit: Callable[[], None] | None = None) -> None:
         self.store.finish(job, error=VideoError(code, message), in_same_commit=in_same_commit)
@@ -173,9 +175,9 @@ def add_video_routes(
             kind = body_kind(request)
             session = await caller(request)
             job = await _create_job(engine_, config, store, request, kind, session)
+            await _accept(jobs, job)  # committed (off the event loop) before the caller hears of it
         except ApiError as error:
             return error.to_response()
-        jobs.accept(job)  # no await since the job was added: it can't have ended unfollowed
         return JSONResponse(_video_json(job, store), headers=poll_after)
 
     @router.get("/v1/videos", name="stepstudio_videos_list")
@@ -259,17 +261,31 @@ async def _create_job(
     try:
         store.make_room(session)
     except VideoStoreFull as full:
-        raise ApiError(429, str(full), type="rate_limit_error", code="video_limit", retry_after_s=1) from None
+        raise _no_room(full) from None
     try:
         handle = engine_.submit(params, session_id=session)
     except ValueError as error:
         raise http_errors.from_engine_value_error(error) from None
     except engine.AdmissionError as error:
         raise http_errors.from_admission_error(error) from None
-    # No await since make_room: the room it made is still there.
-    job = VideoJob(id=f"video_{handle.request_id}", owner=session, handle=handle, fps=fps, created_at=time.time())
-    store.add(job)
-    return job
+    return VideoJob(id=f"video_{handle.request_id}", owner=session, handle=handle, fps=fps, created_at=time.time())
+
+
+async def _accept(jobs: VideoJobs, job: VideoJob) -> None:
+    """The job added and its request accepted; its request cancelled when that fails (the room for it
+    was taken while the commits waited: 429, as make_room says; or the store failed)."""
+    try:
+        await jobs.accept(job)
+    except VideoStoreFull as full:
+        job.handle.cancel()
+        raise _no_room(full) from None
+    except BaseException:
+        job.handle.cancel()
+        raise
+
+
+def _no_room(full: VideoStoreFull) -> ApiError:
+    return ApiError(429, str(full), type="rate_limit_error", code="video_limit", retry_after_s=1)
 
 
 async def _form_fields(body: bytes, request: Request) -> dict[str, str]:

@@ -12,8 +12,7 @@ import html
 from collections import Counter
 from dataclasses import dataclass
 
-from engine import EngineSnapshot, RequestView
-from engine.snapshot import StageStats
+from engine import EngineSnapshot, RequestView, StageStats
 from pipelines.interface import PipelineInfo
 from studio.page.queue_view import format_step_time
 from studio.queue_snapshot import Viewer, is_viewers

@@ -36,7 +36,8 @@ def build_queue_controls(prefix: str, paused_at_start: bool) -> QueueControls:
         pause = gr.Button("Pause queue", size="sm", elem_id=f"{prefix}-pause-queue")
         resume = gr.Button("Resume queue", size="sm", elem_id=f"{prefix}-resume-queue")
         clear = gr.Button("Clear queued", size="sm", variant="stop", elem_id=f"{prefix}-clear-queue")
-    start = ("The studio started paused (--start-paused): nothing starts until its operator resumes it; the "
+    start = ("The studio started paused by its operator (--start-paused, or paused before a restart): nothing "
+             "starts until its operator resumes it; the "
              "Queue view says when it runs again.") if paused_at_start else ""
     note = gr.Markdown(start, elem_id=f"{prefix}-queue-note")
     return QueueControls(pause, resume, clear, note)
@@ -71,18 +72,8 @@ def wire_queue_controls(engine: EngineClient, registry: RunRegistry, controls: Q
         return f"Cleared {cleared} queued request{'s' if cleared != 1 else ''}; running ones go on. " + \
             note(queue_actions.queue_state(engine, session))
 
-    def saying_why(handler):
-        def handled(request: gr.Request) -> str:
-            try:
-                return handler(request)
-            except NotImplementedError as exc:  # engine replicas: queue control is not offered
-                return str(exc)
-
-        handled.__name__ = handler.__name__
-        return handled
-
     for button, handler in ((controls.pause, pause), (controls.resume, resume), (controls.clear, clear)):
-        button.click(saying_why(handler), outputs=controls.note, queue=False, api_name=f"ui_{name}_{handler.__name__}_queue",
+        button.click(handler, outputs=controls.note, queue=False, api_name=f"ui_{name}_{handler.__name__}_queue",
                      api_visibility="private", show_progress="hidden")
 
 
@@ -98,6 +89,6 @@ def move_from_page(engine: EngineClient, registry: RunRegistry, event: gr.EventD
                     if view.request_id == request_id and view.session_id in sessions), sessions[0])
     try:
         queue_actions.move_own_request(engine, session, request_id)
-    except (PermissionError, ValueError, NotImplementedError) as exc:
+    except (PermissionError, ValueError) as exc:
         raise user_error(str(exc), "Can't move it") from None
     return True

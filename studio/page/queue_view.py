@@ -13,7 +13,8 @@ import time
 from collections.abc import Container
 
 from engine import EngineSnapshot, RequestView
-from studio.queue_snapshot import Viewer, is_viewers, short_id, visible_prompt
+from studio.queue_actions import pause_end_words
+from studio.queue_snapshot import Viewer, format_seconds, is_viewers, short_id, visible_prompt
 
 QUEUE_CSS = """
 .ss-queue table { width: 100%; border-collapse: collapse; font-size: 0.85rem; }
@@ -31,6 +32,7 @@ QUEUE_CSS = """
 
 PAUSED_WORDS = {"session": "its queue is paused", "engine": "the studio is paused"}
 ENGINE_PAUSED_NOTE = "The studio is paused by its operator: nothing new starts; running requests finish."
+OWN_PAUSE_NOTE = "Your queue is paused: your queued requests wait until you resume it"
 
 COLUMNS = ("request", "who", "model", "size", "prompt", "state", "progress", "position", "waited", "ETA",
            "shares batch with")
@@ -43,17 +45,6 @@ def format_step_time(seconds: float | None) -> str:
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
     return f"{seconds:.2f} s"
-
-
-def format_seconds(seconds: float | None) -> str:
-    if seconds is None:
-        return "–"
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes, rest = divmod(round(seconds), 60)
-    return f"{minutes} m {rest:02d} s"
 
 
 def _progress_cell(view: RequestView) -> str:
@@ -112,12 +103,24 @@ def render_stats(snapshot: EngineSnapshot) -> str:
     return '<div class="ss-stats">' + "".join(f"<span>{item}</span>" for item in items) + "</div>"
 
 
+def own_pause_note(snapshot: EngineSnapshot, viewer_session: Viewer, wall_now: float) -> str:
+    """"Your queue is paused ... (it resumes by itself in 59 m 12 s)" while the viewer's queue is paused
+    (of the sessions a tab acts for, the last to end); "" otherwise."""
+    sessions = [viewer_session] if isinstance(viewer_session, str) else list(viewer_session or ())
+    ends = [snapshot.pauses.ends_at(s) for s in sessions if s in snapshot.pauses.sessions]
+    if not ends:
+        return ""
+    ends_in = None if None in ends else max(0.0, max(ends) - wall_now)
+    return (f'<div class="ss-paused-note">{OWN_PAUSE_NOTE}{html.escape(pause_end_words(ends_in))}.</div>')
+
+
 def render_queue(
     snapshot: EngineSnapshot, viewer_session: Viewer, show_prompts: bool = False, now: float | None = None,
-    resumed: Container[str] = (),
+    resumed: Container[str] = (), wall_now: float | None = None,
 ) -> str:
     """The queue table (HTML) as the viewer may see it. `now`: perf_counter time for waited times;
-    `resumed`: the requests run again after a restart (their state says so)."""
+    `resumed`: the requests run again after a restart (their state says so); `wall_now`: unix
+    time, for when the viewer's paused queue resumes by itself."""
     now = time.perf_counter() if now is None else now
     mine_ids = {v.request_id for v in snapshot.requests if is_viewers(v, viewer_session)}
     header = "".join(f"<th>{name}</th>" for name in COLUMNS)
@@ -126,6 +129,7 @@ def render_queue(
     else:
         body = f'<tr><td class="ss-empty" colspan="{len(COLUMNS)}">no requests right now</td></tr>'
     note = f'<div class="ss-paused-note">{ENGINE_PAUSED_NOTE}</div>' if snapshot.pauses.engine else ""
+    note += own_pause_note(snapshot, viewer_session, time.time() if wall_now is None else wall_now)
     return (
         '<div class="ss-queue">'
         + note

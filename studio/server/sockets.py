@@ -2,7 +2,7 @@
 is an error at once, not after Gradio's imports and minutes of loading a model.
 
     sock = bind_socket("127.0.0.1", 7860)    # OSError when the port is taken
-    StudioServer(app, host, sock=sock)       # studio.server.app serves on it
+    StudioServer(app, host, sock=sock)       # studio.server.serving serves on it
 """
 
 from __future__ import annotations

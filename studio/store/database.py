@@ -137,8 +137,21 @@ def _schema_3(connection: sqlite3.Connection, history_folder: Path | None) -> No
     """)
 
 
+def _schema_4(connection: sqlite3.Connection, history_folder: Path | None) -> None:
+    """Paused queues: each caller's pause of its own queue (with when it ends by itself) and the
+    operator's pause of the whole engine, so a restart pauses them again (studio.store.pauses)."""
+    _run_statements(connection, """
+        CREATE TABLE pauses (
+            scope TEXT NOT NULL CHECK (scope IN ('engine', 'session')),
+            session TEXT NOT NULL,           -- the paused engine session ('' for the engine's pause)
+            ends_at REAL,                    -- unix seconds it ends by itself, NULL when only a resume ends it
+            PRIMARY KEY (scope, session)
+        )
+    """)
+
+
 # The migrations in order: MIGRATIONS[k] brings a database from version k to k + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection, Path | None], None]] = [_schema_1, _schema_2, _schema_3]
+MIGRATIONS: list[Callable[[sqlite3.Connection, Path | None], None]] = [_schema_1, _schema_2, _schema_3, _schema_4]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

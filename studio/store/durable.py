@@ -1,7 +1,8 @@
 """Accepted requests followed to their end by the server, whoever else watches them.
 
     durable = DurableRequests(store)
-    future = durable.follow(handle, entry, finish_image(outputs))   # entry: store.accept(...)
+    future = await durable.accept("image", handle, owner, finish_image(outputs))   # from asyncio
+    future = durable.follow(handle, entry, finish_image(outputs))   # entry: store.accept(...), from a thread
     saved = await asyncio.wrap_future(future)                        # once it is filed (or ended)
 
 A caller's stream (a gradio_client `/generate`, a video job's poller) may go at any time; the
@@ -43,6 +44,23 @@ class DurableRequests:
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._finish_in_order, name="stepstudio-finisher", daemon=True)
         self._thread.start()
+
+    async def accept(self, kind: str, handle: RequestHandle, owner: str, finish: Finish, *,
+                     video_id: str | None = None, before: Callable[[], None] | None = None
+                     ) -> concurrent.futures.Future:
+        """Record `handle`'s request as accepted (its params complete: the seed filled in) and follow
+        it with `finish`; returns `follow`'s future. The synced commit runs on the store's writer
+        thread (StudioStore.off_loop), never on the event loop, and is done when this returns: answer
+        the caller after it. `before()`: writes of its own to make first, on that thread (an error
+        there propagates, and nothing is accepted). A request accepted is followed to its end even
+        when the awaiting caller is cancelled meanwhile."""
+        def accept_and_follow() -> concurrent.futures.Future:
+            if before is not None:
+                before()
+            entry = self.store.accept(kind, handle.session_id, owner, handle.params, video_id=video_id)
+            return self.follow(handle, entry, finish)
+
+        return await self.store.off_loop(accept_and_follow)
 
     def follow(self, handle: RequestHandle, entry: AcceptedRequest, finish: Finish) -> concurrent.futures.Future:
         """Finish `entry` with `finish` when `handle`'s request ends; the future has its answer."""

@@ -17,19 +17,45 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Protocol
 
-from engine import AdmissionError, EngineClient, EngineClosedError
+from engine import AdmissionError, EngineClient, EngineClosedError, RequestHandle
 from studio.store.durable import DurableRequests, finish_image
 from studio.store.store import AcceptedRequest
 
 if TYPE_CHECKING:
-    from studio.api.video_routes import VideoJobs
     from studio.outputs import OutputStore
 
 log = logging.getLogger(__name__)
 
 RETRY_ADMISSION_S = 0.25  # how often a request the engine has no room for yet is offered again
+
+
+class WaitingJob(Protocol):
+    """A video job accepted before the restart whose request is to run again."""
+
+    id: str
+
+    def attach(self, handle: RequestHandle, restarts: int) -> None:
+        """Its new request (run again after `restarts` restarts)."""
+
+
+class SavedJobs(Protocol):
+    def load(self) -> list[WaitingJob]:
+        """The jobs kept from before the restart, into memory; returns the unfinished ones."""
+
+
+class ResumableVideoJobs(Protocol):
+    """What a restart needs of the HTTP API's video jobs (studio.api.video_routes.VideoJobs has it):
+    said here, so the store never imports the API above it."""
+
+    store: SavedJobs
+
+    def follow(self, job: WaitingJob, entry: AcceptedRequest) -> None:
+        """Finish the job when its request ends."""
+
+    def fail(self, job: WaitingJob, code: str, message: str, in_same_commit: Callable[[], None] | None = None) -> None:
+        """End the job with an error (and `in_same_commit`'s store writes in its commit)."""
 
 
 @dataclass
@@ -54,7 +80,7 @@ class ResumeReport:
 
 
 def resume_accepted(engine: EngineClient, durable: DurableRequests, outputs: "OutputStore",
-                    video_jobs: "VideoJobs", max_age_s: float, report: ResumeReport | None = None) -> ResumeReport:
+                    video_jobs: ResumableVideoJobs, max_age_s: float, report: ResumeReport | None = None) -> ResumeReport:
     """Load the video jobs, then submit every accepted request again, on a thread of its own.
     `report` (a new one when None) counts what was resumed."""
     report = ResumeReport() if report is None else report
@@ -111,7 +137,7 @@ def _submit_when_room(engine: EngineClient, entry: AcceptedRequest):
             return f"this server no longer takes it: {error}"
 
 
-def _drop(durable: DurableRequests, video_jobs: "VideoJobs", entry: AcceptedRequest, job, why: str) -> None:
+def _drop(durable: DurableRequests, video_jobs: ResumableVideoJobs, entry: AcceptedRequest, job, why: str) -> None:
     log.warning("accepted request %d (%s) is not run again: %s", entry.id, entry.kind, why)
     if job is not None:
         _fail_job(video_jobs, job, why, in_same_commit=lambda: durable.store.finished(entry))
@@ -119,5 +145,5 @@ def _drop(durable: DurableRequests, video_jobs: "VideoJobs", entry: AcceptedRequ
         durable.store.finished(entry)
 
 
-def _fail_job(video_jobs: "VideoJobs", job, why: str, in_same_commit=None) -> None:
+def _fail_job(video_jobs: ResumableVideoJobs, job, why: str, in_same_commit=None) -> None:
     video_jobs.fail(job, "not_resumed", f"not run again after the restart: {why}.", in_same_commit)

@@ -1,6 +1,6 @@
 """The studio's durable state, over one SQLite database (studio.store.database): the requests it
 accepted and has not finished, the workflow runs with branches still owed, the video jobs and the
-`url` images of the HTTP API, and each caller's history index.
+`url` images of the HTTP API, each caller's history index, and the paused queues.
 
     store = StudioStore.open(Path("outputs"))          # <outputs>/studio.db; StudioStore.open(None): in memory
     entry = store.accept("image", session, owner, params)          # once the engine has taken it
@@ -8,6 +8,8 @@ accepted and has not finished, the workflow runs with branches still owed, the v
     with store.transaction():                                         # it ended with one: in one commit,
         store.add_history(item); store.finished(entry)                # its index row in, its entry out
     store.pending()                                                   # at start: what to resume, in order
+    store.save_pauses(engine.pause_state); store.pauses()             # the paused queues (studio.store.pauses)
+    entry = await store.off_loop(store.accept, "image", ...)          # from asyncio: on the store's writer thread
 
 The rule that makes a result exactly-once: a request's entry leaves `accepted` in the same
 transaction that files its result (studio.outputs writes the files first, under names that say
@@ -18,6 +20,8 @@ renames (`OutputStore.finish_partial_files`).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import json
 import sqlite3
@@ -25,11 +29,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
-from engine import GenerationParams
+from engine import GenerationParams, PauseState
 from studio.store.database import DATABASE_FILE, open_database, release_lock
 from studio.store.records import params_from_record, params_record
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,8 @@ class StudioStore:
         self._db = connection
         self._lock = threading.RLock()  # one connection, used from the event loop and worker threads
         self._depth = 0
+        # Writes asyncio code awaits (off_loop): one thread, so they commit in the order asked.
+        self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="stepstudio-store")
 
     @classmethod
     def open(cls, folder: Path | None) -> "StudioStore":
@@ -93,7 +102,15 @@ class StudioStore:
     def is_durable(self) -> bool:
         return self.path is not None
 
+    async def off_loop(self, write: Callable[..., T], *args) -> T:
+        """`write(*args)` (store writes: each commit is synced, a millisecond or, on a slow disk, far
+        more) on the store's writer thread, awaited: the event loop serves everyone else meanwhile.
+        Writes asked this way run one at a time, in the order asked. A caller cancelled while it
+        waits does not stop the write: put what must follow it (following the request) in `write`."""
+        return await asyncio.wrap_future(self._writer.submit(write, *args))
+
     def close(self) -> None:
+        self._writer.shutdown(wait=True)
         with self._lock:
             self._db.close()
             if self.path is not None:
@@ -222,6 +239,23 @@ class StudioStore:
         """Every kept url image as (name, owner, size, expires_at), the first to expire first."""
         return self._rows("SELECT name, owner, size, expires_at FROM url_images ORDER BY expires_at, rowid")
 
+    # ------------------------------------------------------------------ paused queues
+    def save_pauses(self, state: PauseState) -> None:
+        """Keep `state` as the pauses in force, in place of those kept (one commit)."""
+        with self.transaction():
+            self._db.execute("DELETE FROM pauses")
+            if state.engine:
+                self._db.execute("INSERT INTO pauses (scope, session, ends_at) VALUES ('engine', '', NULL)")
+            self._db.executemany("INSERT INTO pauses (scope, session, ends_at) VALUES ('session', ?, ?)",
+                                 [(session, state.ends_at(session)) for session in sorted(state.sessions)])
+
+    def pauses(self) -> PauseState:
+        """The pauses kept (a session's whose end has passed too: whoever pauses again drops it)."""
+        rows = self._rows("SELECT scope, session, ends_at FROM pauses")
+        sessions = {session: ends_at for scope, session, ends_at in rows if scope == "session"}
+        return PauseState(engine=any(scope == "engine" for scope, _, _ in rows), sessions=frozenset(sessions),
+                          ends=tuple(sorted((s, end) for s, end in sessions.items() if end is not None)))
+
     # ------------------------------------------------------------------ the history index
     def add_history(self, item: dict) -> None:
         """One saved result (studio.outputs.SavedOutput's fields)."""
@@ -249,4 +283,4 @@ class StudioStore:
         """Rows per table (for logs and benchmarks)."""
         return {table: self._rows(f"SELECT count(*) FROM {table}")[0][0]
                 for table in ("accepted", "video_jobs", "history", "workflow_runs", "workflow_branches",
-                              "url_images")}
+                              "url_images", "pauses")}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.limits import ServingLimits
+from engine import ServingLimits
 from pipelines.errors import ParamError
 from pipelines.lora_request import check_loaded_loras
 from pipelines.params import MAX_FRAMES_ABSOLUTE, check_field
