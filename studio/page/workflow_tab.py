@@ -269,10 +269,16 @@ def _static_url(path: Path) -> str:
     return f"gradio_api/file={path}?v={version}"
 
 
-# The editor's gestures, one file each, attached to node_editor.js's editor as it mounts.
+# The editor's browser code, in the order it loads (the browser runs these scripts in this order):
+# what every file shares, then the editor's methods by concern (joined to node_editor.js's NodeEditor
+# as that file loads), then its gestures, one file each (attached to the editor as it mounts), and
+# node_editor.js last.
+EDITOR_KIT = ("editor_kit.js",)
+EDITOR_METHODS = ("editor_pictures.js", "editor_workflow.js", "editor_toolbar.js", "editor_run_view.js")
 EDITOR_PARTS = ("editor_colors.js", "editor_bypass.js", "editor_selection.js", "editor_clipboard.js",
                 "editor_search.js", "editor_link_drop.js", "editor_groups.js", "editor_menus.js", "editor_minimap.js",
                 "editor_full_screen.js", "editor_shortcuts.js")
+EDITOR_FILES = (*EDITOR_KIT, *EDITOR_METHODS, *EDITOR_PARTS, "node_editor.js")
 
 
 def editor_head() -> str:
@@ -282,8 +288,7 @@ def editor_head() -> str:
         f'<script src="{_static_url(VENDOR_DIR / "drawflow.min.js")}"></script>'
         f'<link rel="stylesheet" href="{_static_url(WEB_DIR / "node_editor.css")}">'
         f'<link rel="stylesheet" href="{_static_url(WEB_DIR / "editor_gestures.css")}">'
-        + "".join(f'<script src="{_static_url(WEB_DIR / part)}"></script>' for part in EDITOR_PARTS)
-        + f'<script src="{_static_url(WEB_DIR / "node_editor.js")}"></script>'
+        + "".join(f'<script src="{_static_url(WEB_DIR / name)}"></script>' for name in EDITOR_FILES)
         + f'<link rel="stylesheet" href="{_static_url(WEB_DIR / "lightbox.css")}">'
         + f'<script src="{_static_url(WEB_DIR / "lightbox.js")}"></script>'
     )
