@@ -88,8 +88,8 @@ class Recorder:
     def drag_from_palette(self, node_type: str, x: int, y: int) -> str:
         self.drags += 1
         self.log.append(f"drag {node_type} from the palette")
-        self.page.drag_and_drop(f".sse-palette-item[data-node-type='{node_type}']", ".sse-canvas",
-                                target_position={"x": x, "y": y})
+        self.page.drag_and_drop(f".sse-palette-item[data-node-type='{node_type}']", ".sse-canvas .drawflow",
+                                target_position={"x": x, "y": y})  # canvas point (x, y), unpanned
         return self.newest(node_type)
 
     def key(self, chord: str) -> None:
@@ -210,8 +210,7 @@ def measure(browser, url: str, build, example: dict, **options) -> dict:
     page = context.new_page()
     page.goto(url)
     page.wait_for_selector("#ss-node-editor .drawflow-node")
-    page.evaluate(f"() => {{ {EDITOR}.load({{version: 1, nodes: [], links: []}}); "
-                  "document.querySelector('.sse-toolbar').scrollIntoView(); }")
+    page.evaluate(f"() => {{ {EDITOR}.load({{version: 1, nodes: [], links: []}}); window.scrollTo(0, 0); }}")
     recorder = Recorder(page)
     build(recorder, example, **options)
     built = recorder.graph()

@@ -44,16 +44,17 @@ def wait_for_history_token(page, timeout_ms: float = 120_000) -> None:
     page.wait_for_function(f"() => !!localStorage.getItem({BROWSER_STORAGE_KEY!r})", timeout=timeout_ms)
 
 
-def shot(page, name: str) -> None:
+def shot(page, name: str, full_page: bool = True) -> None:
+    """The whole page (or, `full_page=False`, what the window shows) in test-artifacts/NAME.png."""
     ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=full_page)
 
 
 @contextlib.contextmanager
-def editor_page(browser, url: str, **context_options) -> Iterator:
-    """A fresh page on the studio at `url`, once its node editor has drawn its nodes; on leaving,
-    no JavaScript error may have happened on it."""
-    context = browser.new_context(viewport={"width": 1500, "height": 1200}, **context_options)
+def editor_page(browser, url: str, viewport: tuple[int, int] = (1500, 1200), **context_options) -> Iterator:
+    """A fresh page on the studio at `url` in a window of `viewport` (width, height) pixels, once its
+    node editor has drawn its nodes; on leaving, no JavaScript error may have happened on it."""
+    context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]}, **context_options)
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))

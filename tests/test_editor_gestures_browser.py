@@ -60,8 +60,8 @@ def page(studio, browser):
 
 @pytest.fixture(autouse=True)
 def editor_in_view(page):
-    """Each test opens its own workflow; the toolbar at the window's top, so the whole canvas shows."""
-    page.evaluate("() => document.querySelector('.sse-toolbar').scrollIntoView()")
+    """Each test opens its own workflow, on the page as it opens: at its top, the canvas filling the window."""
+    page.evaluate("() => window.scrollTo(0, 0)")
     yield
 
 
@@ -233,7 +233,6 @@ def test_copy_paste_and_duplicate_keep_the_links_between_copied_nodes_also_in_a_
     assert (stored["kind"], sorted(n["type"] for n in stored["nodes"]), len(stored["links"])) == (
         "stepstudio-nodes", ["grid", "sampler"], 1)
     other.evaluate(f"() => {EDITOR}.load({{version: 1, nodes: [], links: []}})")
-    other.evaluate("() => document.querySelector('.sse-toolbar').scrollIntoView()")
     for source in ("either", "the system clipboard alone"):
         if source != "either":
             other.evaluate("() => localStorage.removeItem('stepstudio.clipboard')")
@@ -399,9 +398,12 @@ def test_the_canvas_fills_the_window_takes_links_on_low_ports_and_goes_full_scre
     open_workflow(page, XY)
     viewport = page.viewport_size
     canvas = page.locator(".sse-canvas").bounding_box()
-    assert canvas["height"] >= viewport["height"] - 140  # the window less the toolbar and run bar
-    # A node near the canvas's bottom: its input takes a link.
-    low = canvas["height"] - 70
+    # Edge to edge, and down to the window's bottom: the panels float over it.
+    assert (canvas["x"], canvas["width"]) == (0, page.evaluate("() => document.documentElement.clientWidth"))
+    assert abs(canvas["y"] + canvas["height"] - viewport["height"]) <= 1
+    # A node near the bottom of the canvas's free part (above the run bar): its input takes a link.
+    free = run_js(page, "return editor.freeArea();")
+    low = free["height"] - 70
     page.mouse.dblclick(*client(page, 700, low))
     page.keyboard.type("live")
     press(page, "Enter")
@@ -409,7 +411,7 @@ def test_the_canvas_fills_the_window_takes_links_on_low_ports_and_goes_full_scre
     (sampler,) = node_ids(page, "sampler")
     drag(page, port(page, sampler, "output", 1), port(page, preview, "input", 1))
     assert (sampler, "images", preview, "images") in links(page)
-    assert port(page, preview, "input", 1)[1] > canvas["y"] + canvas["height"] - 80
+    assert port(page, preview, "input", 1)[1] > free["bottom"] - 80
 
     page.click("[data-action='full-screen']")
     full = page.locator(".sse-canvas").bounding_box()
@@ -437,7 +439,8 @@ def test_the_minimap_shows_every_node_and_a_click_brings_that_place_to_the_middl
         return [r.x + (map.offX + (node.pos_x + el.offsetWidth / 2 - map.minX) * map.scale) * k,
                 r.y + (map.offY + (node.pos_y + el.offsetHeight / 2 - map.minY) * map.scale) * k];""", grid)
     page.mouse.click(x, y)
-    canvas = center(page, ".sse-canvas")
+    free = run_js(page, "return editor.freeArea();")  # the middle of the view: of the canvas beside the panels
+    canvas = (free["left"] + free["width"] / 2, free["top"] + free["height"] / 2)
     node = center(page, f"#node-{grid}")
     scale = run_js(page, "return editor.minimap.map.scale;")
     assert abs(node[0] - canvas[0]) <= 1.5 / scale and abs(node[1] - canvas[1]) <= 1.5 / scale

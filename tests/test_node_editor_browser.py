@@ -51,9 +51,11 @@ def center(page, selector: str) -> tuple[float, float]:
 
 
 def drag_from_palette(page, node_type: str, x: int, y: int) -> str:
-    """Drag a palette entry onto the canvas at (x, y) from the canvas's top-left; returns the new node's id."""
+    """Drag a palette entry onto the canvas at canvas point (x, y) (the view unpanned: from the top-left
+    of the canvas's free part, beside the palette); returns the new node's id."""
     before = set(nodes(page))
-    page.drag_and_drop(f".sse-palette-item[data-node-type='{node_type}']", ".sse-canvas", target_position={"x": x, "y": y})
+    page.drag_and_drop(f".sse-palette-item[data-node-type='{node_type}']", ".sse-canvas .drawflow",
+                       target_position={"x": x, "y": y})
     (new,) = set(nodes(page)) - before
     return new
 
@@ -90,6 +92,45 @@ def test_the_editor_is_the_default_tab_with_a_palette_and_the_text_to_image_grap
         ["prompt", "seed", "steps", "guidance", "sampler", "live_preview", "image_output"])
     assert links(page) == 6
     shot(page, "editor-default")
+
+
+# What of the window the canvas covers: its box clipped to the window, over the window's area.
+CANVAS_SHARE = """() => { const r = document.querySelector('.sse-canvas').getBoundingClientRect();
+    const w = Math.max(0, Math.min(r.right, innerWidth) - Math.max(r.left, 0));
+    const h = Math.max(0, Math.min(r.bottom, innerHeight) - Math.max(r.top, 0));
+    return w * h / (innerWidth * innerHeight); }"""
+
+
+def test_the_editor_opens_as_a_full_window_canvas_with_its_panels_over_it(studio, browser):
+    with editor_page(browser, studio[0].url, viewport=(1440, 900)) as page:
+        # As the page opens, the canvas covers most of the window (the help paragraph and the toolbar
+        # above it once left it 46%: it started 339 px down, and 290 px of it were below the window).
+        share = page.evaluate(CANVAS_SHARE)
+        assert share >= 0.85, f"the canvas covers {share:.1%} of the window"
+        shot(page, "editor-opens-full-window", full_page=False)
+        canvas = page.locator(".sse-canvas").bounding_box()
+
+        def over_canvas(selector: str) -> bool:
+            box = page.locator(selector).bounding_box()
+            return (canvas["x"] <= box["x"] and box["x"] + box["width"] <= canvas["x"] + canvas["width"]
+                    and canvas["y"] <= box["y"] and box["y"] + box["height"] <= canvas["y"] + canvas["height"])
+
+        # The toolbar, the palette, the run bar with the tab's queue controls float over the canvas.
+        for selector in (".sse-toolbar", ".sse-palette", ".sse-runbar", "#sse-pause-queue", "#sse-resume-queue",
+                         "#sse-clear-queue", "[data-action='full-screen']", ".sse-minimap"):
+            assert over_canvas(selector), selector
+        # The help is behind a button: hidden, shown by Help, gone again with Escape.
+        assert not page.locator(".sse-help").is_visible()
+        page.click("[data-action='help']")
+        assert over_canvas(".sse-help") and "double-click the canvas" in page.inner_text(".sse-help")
+        shot(page, "editor-help", full_page=False)
+        page.keyboard.press("Escape")
+        assert not page.locator(".sse-help").is_visible()
+        # Full screen still hides the page's header and tabs: the canvas is the whole window.
+        page.click("[data-action='full-screen']")
+        assert page.evaluate(CANVAS_SHARE) == 1.0
+        page.keyboard.press("Escape")
+        assert page.evaluate(CANVAS_SHARE) == share
 
 
 def test_build_a_graph_with_the_mouse_run_it_and_cancel_one_branch(page, studio, monkeypatch):

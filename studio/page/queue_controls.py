@@ -1,10 +1,11 @@
 """The page's controls for the tab's own queue: Pause, Resume, Clear and a line saying how it stands.
 
-One set under the Simple tab's queue and one beside the editor; both act on the tab's engine
-session through studio.queue_actions, as the gradio_client endpoints and the HTTP API do (and on
-the sessions the tab adopted after a restart: RunRegistry.sessions_of). Clear also cancels the
-tab's requests still held back in their run's own queue (a workflow's branches beyond the
-session's limit), so nothing of the cleared queue starts afterwards.
+One set under the Simple tab's queue and one on the editor's run bar (its browser code moves the
+row and the line there); both act on the tab's engine session through studio.queue_actions, as the
+gradio_client endpoints and the HTTP API do (and on the sessions the tab adopted after a restart:
+RunRegistry.sessions_of). Clear also cancels the tab's requests still held back in their run's own
+queue (a workflow's branches beyond the session's limit), so nothing of the cleared queue starts
+afterwards.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ class QueueControls:
 
 
 def build_queue_controls(prefix: str, paused_at_start: bool) -> QueueControls:
-    """`prefix`: the elements' id prefix (e.g. "ss" gives #ss-pause-queue)."""
-    with gr.Row():
+    """`prefix`: the elements' id prefix (e.g. "ss" gives #ss-pause-queue, in the row #ss-queue-row)."""
+    with gr.Row(elem_id=f"{prefix}-queue-row"):
         pause = gr.Button("Pause queue", size="sm", elem_id=f"{prefix}-pause-queue")
         resume = gr.Button("Resume queue", size="sm", elem_id=f"{prefix}-resume-queue")
         clear = gr.Button("Clear queued", size="sm", variant="stop", elem_id=f"{prefix}-clear-queue")

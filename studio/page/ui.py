@@ -62,6 +62,7 @@ STUDIO_CSS = QUEUE_CSS + GRAPH_CSS + TAB_QUEUE_CSS + RESTART_BANNER_CSS + """
 #ss-gallery .grid-container { grid-template-columns: repeat(auto-fill, minmax(110px, 130px)) !important; }
 #ss-history .grid-container { grid-template-columns: repeat(auto-fill, minmax(120px, 150px)) !important; }
 .ss-unknown { color: var(--error-text-color, #b45309); font-size: 0.85rem; }
+#ss-header p { margin: 0; font-size: 0.9rem; line-height: 1.4; }
 /* One message at a time: Gradio stacks every error in one growing toast ("Error (3)"); the newest
    is the one that is about what the user just did. */
 .toast-messages > .toast-message-item:has(~ .toast-message-item), .toast-messages > .toast-separator,
@@ -174,12 +175,14 @@ def _plural(count: int, word: str) -> str:
 
 
 def _build_header(engine: EngineClient) -> None:
+    """One line over the tabs: the Workflow tab's canvas takes the rest of the window."""
     models = ", ".join(f"`{name}` ({info.family}, {info.output_kind}s)" for name, info in engine.infos.items())
     gr.Markdown(
-        f"## stepstudio · {' + '.join(f'`{name}`' for name in engine.models.names)}\n"
+        f"**stepstudio** · {' + '.join(f'`{name}`' for name in engine.models.names)} · "
         f"{_plural(len(engine.models.names), 'model')}: {models}. One shared engine in **{engine.mode}** mode "
         f"(up to {_plural(engine.max_batch_requests, 'request')} per forward): requests join a running batch at the "
-        "next denoise step."
+        "next denoise step.",
+        elem_id="ss-header",
     )
 
 

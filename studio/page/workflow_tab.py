@@ -64,6 +64,7 @@ WEB_DIR = Path(__file__).resolve().parent / "web"
 VENDOR_DIR = REPO / "assets" / "vendor" / "drawflow"
 EXAMPLES_DIR = REPO / "assets" / "workflows"
 DEFAULT_EXAMPLE = "text-to-image"
+QUEUE_PREFIX = "sse"  # the ids of the tab's queue controls: #sse-pause-queue, #sse-queue-row, ...
 
 # The component's markup never changes (drawflow owns what is inside); a template that used
 # `value` or a prop would be re-rendered by Gradio and wipe the editor.
@@ -277,7 +278,7 @@ EDITOR_KIT = ("editor_kit.js",)
 EDITOR_METHODS = ("editor_pictures.js", "editor_workflow.js", "editor_toolbar.js", "editor_run_view.js")
 EDITOR_PARTS = ("editor_colors.js", "editor_bypass.js", "editor_selection.js", "editor_clipboard.js",
                 "editor_search.js", "editor_link_drop.js", "editor_groups.js", "editor_menus.js", "editor_minimap.js",
-                "editor_full_screen.js", "editor_shortcuts.js")
+                "editor_window.js", "editor_shortcuts.js")
 EDITOR_FILES = (*EDITOR_KIT, *EDITOR_METHODS, *EDITOR_PARTS, "node_editor.js")
 
 
@@ -298,17 +299,6 @@ def build_workflow_tab(engine: EngineClient) -> WorkflowTab:
     examples = load_examples()
     default = examples.get(DEFAULT_EXAMPLE) or next(iter(examples.values()), {"version": 1, "nodes": [], "links": []})
 
-    gr.Markdown(
-        "Build a workflow from nodes: double-click the canvas to search for one (or drag it from the "
-        "palette), link outputs to inputs of the same colour (a link dropped on empty canvas offers the "
-        "nodes that fit), edit values on the nodes, then **Run** (Ctrl+Enter; Ctrl+Alt+Enter cancels). "
-        "Every branch of a Sampler (each combination of its inputs' values) is one engine request; "
-        "branches and other people's requests share each denoise forward. Right-click for menus; "
-        "Shift+drag selects several nodes; Ctrl+C / Ctrl+V / Ctrl+D copy, paste (also in another tab) "
-        "and duplicate; Ctrl+G groups; Ctrl+B bypasses; Del deletes; Ctrl+Z undoes. Pan: drag the canvas "
-        "or the minimap; zoom: Ctrl+wheel.",
-        elem_id="ss-workflow-help",
-    )
     editor = gr.HTML(
         value=json.dumps(default),
         html_template=EDITOR_TEMPLATE,
@@ -322,10 +312,12 @@ def build_workflow_tab(engine: EngineClient) -> WorkflowTab:
         models=list(engine.models.names),
         loras=sorted({name for info in engine.infos.values() for name in info.loras}),
         run_state=None,
+        # The tab's Pause / Resume / Clear row and its line, which the editor puts on its run bar.
+        queue_controls=[f"{QUEUE_PREFIX}-queue-row", f"{QUEUE_PREFIX}-queue-note"],
     )
     results = gr.Gallery(label="Run results (grids first)", columns=8, height=220, object_fit="contain",
                          format="png", preview=False, allow_preview=True, elem_id="ss-workflow-results")
-    controls = build_queue_controls("sse", engine.pause_state.engine)
+    controls = build_queue_controls(QUEUE_PREFIX, engine.pause_state.engine)
     return WorkflowTab(editor, results, controls)
 
 

@@ -25,7 +25,7 @@
     ["b", true, false, false, (e) => e.bypass.toggle(e.selection.selected())],
     ["delete", false, null, false, (e) => e.selection.remove()],
     ["backspace", false, null, false, (e) => e.selection.remove()],
-    ["escape", false, null, false, (e) => (e.fullScreen.on ? e.fullScreen.toggle(false) : e.selection.set([]))],
+    ["escape", false, null, false, (e) => e.toggleHelp(false) || (e.fullScreen.on ? e.fullScreen.toggle(false) : e.selection.set([]))],
   ];
 
   function matches([key, ctrl, shift, alt], event) {

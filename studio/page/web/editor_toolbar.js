@@ -1,6 +1,7 @@
-/* The toolbar's actions (methods of NodeEditor, studio/page/web/node_editor.js): run and cancel,
- * load an example or a saved workflow, save, download, upload (a workflow's JSON, or a PNG the
- * studio made: its workflow is read from the file), zoom and fit.
+/* The toolbar (methods of NodeEditor, studio/page/web/node_editor.js), floating over the canvas's
+ * top: run and cancel, load an example or a saved workflow, save, download, upload (a workflow's
+ * JSON, or a PNG the studio made: its workflow is read from the file), undo and redo, zoom and fit,
+ * and Help: what the gestures are, in a panel over the canvas (Escape or Help again closes it).
  */
 (function () {
   "use strict";
@@ -8,8 +9,74 @@
   const { h, SAVED_KEY } = window.StepStudioEditorKit;
   const PNG_SIGNATURE = [137, 80, 78, 71, 13, 10, 26, 10];
 
+  // What the Help panel says: the editor's gestures in short (docs/workflows.md has them all).
+  const HELP = [
+    ["Add a node", "double-click the canvas and type a name or a port type; or drag one from Nodes on the left (or click it)."],
+    ["Link", "drag from an output to an input of the same colour. A link dropped on empty canvas offers the nodes " +
+             "that fit it; drag a linked input to take its link off, and drop it on another input or let it go."],
+    ["Run", "▶ Run or Ctrl+Enter; ■ Cancel or Ctrl+Alt+Enter. Every branch of a Sampler (each combination of its " +
+            "inputs' values) is one engine request; branches and other people's requests share each denoise forward. " +
+            "Pause queue holds your requests that have not started."],
+    ["Edit", "right-click for menus; Shift+drag selects several nodes; Ctrl+C / Ctrl+V / Ctrl+D copy, paste (also in " +
+             "another tab) and duplicate; Ctrl+G groups; Ctrl+B bypasses; Del deletes; Ctrl+Z undoes, Ctrl+Shift+Z redoes."],
+    ["Move around", "drag the canvas or the minimap; Ctrl+wheel, − and + zoom; Fit shows every node; ⇱ Full screen " +
+                    "hides the page around the editor (Escape leaves)."],
+    ["Results", "on the nodes while they run, then in the gallery under the editor (scroll down) and in History."],
+  ];
+
   class EditorToolbar {
+    buildToolbar() {
+      const button = (label, action, title, extra) =>
+        h("button", { class: "sse-btn " + (extra || ""), "data-action": action, title: title || label, text: label,
+                      onclick: () => this.onAction(action) });
+      this.exampleSelect = h("select", { class: "sse-examples", title: "Load a workflow", onchange: (e) => this.onLoadChoice(e) });
+      this.fileInput = h("input", { type: "file", accept: ".json,.png,application/json,image/png", class: "sse-file",
+                                    onchange: (e) => this.onUpload(e.target.files[0]) });
+      this.helpPanel = h("div", { class: "sse-help", role: "dialog", "aria-label": "How the editor works", hidden: true }, [
+        h("div", { class: "sse-help-head" }, [h("b", { text: "How the editor works" }),
+                                              button("×", "help", "Close (Escape)", "sse-help-close")]),
+        h("dl", {}, HELP.flatMap(([what, how]) => [h("dt", { text: what }), h("dd", { text: how })])),
+      ]);
+      return h("div", { class: "sse-toolbar" }, [
+        button("▶ Run", "run", "Run the workflow on the shared engine (Ctrl+Enter)", "sse-primary sse-run"),
+        button("■ Cancel", "cancel", "Cancel the whole run at the next step boundary (Ctrl+Alt+Enter)", "sse-stop sse-cancel"),
+        h("span", { class: "sse-sep" }),
+        this.exampleSelect,
+        button("Save", "save", "Save this workflow in the browser"),
+        button("Download", "download", "Download the workflow as JSON"),
+        button("Upload", "upload", "Open a workflow JSON (or a PNG made from a workflow)"),
+        this.fileInput,
+        h("span", { class: "sse-sep" }),
+        button("↶ Undo", "undo", "Undo the last edit (Ctrl+Z)"),
+        button("↷ Redo", "redo", "Redo what was undone (Ctrl+Shift+Z or Ctrl+Y)"),
+        button("−", "zoom-out", "Zoom out"),
+        button("+", "zoom-in", "Zoom in"),
+        button("1:1", "zoom-reset", "Reset zoom"),
+        button("Fit", "fit", "Show every node"),
+        button("Clear", "clear", "Remove every node"),
+        h("span", { class: "sse-sep" }),
+        button("? Help", "help", "How the editor works: its gestures and keys"),
+      ]);
+    }
+
+    refreshLoadChoices() {
+      const select = this.exampleSelect;
+      select.innerHTML = "";
+      select.appendChild(h("option", { value: "", text: "Load…" }));
+      for (const name of Object.keys(this.examples)) select.appendChild(h("option", { value: "example:" + name, text: "Example: " + name }));
+      const saved = this.readStorage(SAVED_KEY) || {};
+      for (const name of Object.keys(saved)) select.appendChild(h("option", { value: "saved:" + name, text: "Saved: " + name }));
+    }
+
+    // Shows or hides the Help panel; true when it was open (and is now closed).
+    toggleHelp(show = this.helpPanel.hidden) {
+      const was = !this.helpPanel.hidden;
+      this.helpPanel.hidden = !show;
+      return was;
+    }
+
     onAction(action) {
+      if (action === "help") return this.toggleHelp();
       if (action === "run") return this.run();
       if (action === "cancel") return this.cancelRun();
       if (action === "save") return this.save();

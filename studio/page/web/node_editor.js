@@ -24,7 +24,7 @@
 (function () {
   "use strict";
 
-  const { h, escapeHtml, STORAGE_KEY, SAVED_KEY, PICTURE_KINDS } = window.StepStudioEditorKit;
+  const { h, escapeHtml, STORAGE_KEY, PICTURE_KINDS } = window.StepStudioEditorKit;
 
   class NodeEditor {
     constructor(element, props, trigger, watch) {
@@ -72,41 +72,20 @@
     }
 
     // ------------------------------------------------------------------ page structure
+    // The canvas is the whole editor; what floats over it (the HUD) are the toolbar along its top
+    // (editor_toolbar.js), the node palette down its left side, and the message and the run bar
+    // along its bottom. Only those panels take the mouse; between them the canvas shows through.
     build() {
       this.root.innerHTML = "";
-      const button = (label, action, title, extra) =>
-        h("button", { class: "sse-btn " + (extra || ""), "data-action": action, title: title || label, text: label,
-                      onclick: () => this.onAction(action) });
-      this.exampleSelect = h("select", { class: "sse-examples", title: "Load a workflow", onchange: (e) => this.onLoadChoice(e) });
-      this.fileInput = h("input", { type: "file", accept: ".json,.png,application/json,image/png", class: "sse-file",
-                                    onchange: (e) => this.onUpload(e.target.files[0]) });
-      this.message = h("span", { class: "sse-message", role: "status" });
-      const toolbar = this.toolbar = h("div", { class: "sse-toolbar" }, [
-        button("▶ Run", "run", "Run the workflow on the shared engine", "sse-primary sse-run"),
-        button("■ Cancel", "cancel", "Cancel the whole run at the next step boundary", "sse-stop sse-cancel"),
-        h("span", { class: "sse-sep" }),
-        this.exampleSelect,
-        button("Save", "save", "Save this workflow in the browser"),
-        button("Download", "download", "Download the workflow as JSON"),
-        button("Upload", "upload", "Open a workflow JSON (or a PNG made from a workflow)"),
-        this.fileInput,
-        h("span", { class: "sse-sep" }),
-        button("↶ Undo", "undo", "Undo the last edit (Ctrl+Z)"),
-        button("↷ Redo", "redo", "Redo what was undone (Ctrl+Shift+Z or Ctrl+Y)"),
-        button("−", "zoom-out", "Zoom out"),
-        button("+", "zoom-in", "Zoom in"),
-        button("1:1", "zoom-reset", "Reset zoom"),
-        button("Fit", "fit", "Show every node"),
-        button("Clear", "clear", "Remove every node"),
-        this.message,
-      ]);
+      this.toolbar = this.buildToolbar();
       this.palette = h("div", { class: "sse-palette" });
       this.canvas = h("div", { class: "sse-canvas", ondragover: (e) => e.preventDefault(), ondrop: (e) => this.onDrop(e) });
+      this.message = h("div", { class: "sse-message", role: "status" });
       this.runbar = h("div", { class: "sse-runbar" }, [h("span", { class: "sse-run-text", text: "Ready." }),
                                                       h("progress", { class: "sse-run-progress", value: 0, max: 1 })]);
-      this.root.appendChild(toolbar);
-      this.root.appendChild(h("div", { class: "sse-body" }, [this.palette, this.canvas]));
-      this.root.appendChild(this.runbar);
+      this.hud = h("div", { class: "sse-hud" }, [this.toolbar, this.palette,
+                                                 h("div", { class: "sse-status" }, [this.message, this.runbar])]);
+      this.root.appendChild(h("div", { class: "sse-body" }, [this.canvas, this.hud, this.helpPanel]));
       this.buildPalette();
       this.refreshLoadChoices();
     }
@@ -114,6 +93,13 @@
     buildPalette() {
       const categories = ["values", "fan-out", "pictures", "sampler", "outputs"];
       const titles = { values: "Values", "fan-out": "Fan-out", pictures: "Pictures", sampler: "Sampler", outputs: "Outputs" };
+      const fold = h("button", { class: "sse-palette-fold", type: "button", text: "Nodes ‹", title: "Hide the node list",
+                                 onclick: () => {
+                                   const folded = this.palette.classList.toggle("sse-folded");
+                                   fold.textContent = folded ? "Nodes ›" : "Nodes ‹";
+                                   fold.title = folded ? "Show the node list" : "Hide the node list";
+                                 } });
+      this.palette.appendChild(fold);
       for (const category of categories) {
         this.palette.appendChild(h("div", { class: "sse-palette-head", text: titles[category] }));
         for (const spec of Object.values(this.types).filter((t) => t.category === category)) {
@@ -125,15 +111,6 @@
           }));
         }
       }
-    }
-
-    refreshLoadChoices() {
-      const select = this.exampleSelect;
-      select.innerHTML = "";
-      select.appendChild(h("option", { value: "", text: "Load…" }));
-      for (const name of Object.keys(this.examples)) select.appendChild(h("option", { value: "example:" + name, text: "Example: " + name }));
-      const saved = this.readStorage(SAVED_KEY) || {};
-      for (const name of Object.keys(saved)) select.appendChild(h("option", { value: "saved:" + name, text: "Saved: " + name }));
     }
 
     startDrawflow() {
@@ -258,11 +235,19 @@
     }
 
     addNodeAtView(typeName) {
-      // Near the top-left of what is visible, shifted a little per node so they don't stack.
-      const rect = this.canvas.getBoundingClientRect();
+      // Near the top-left of the canvas's free part, shifted a little per node so they don't stack.
+      const rect = this.freeArea();
       const count = Object.keys(this.df.drawflow.drawflow.Home.data).length;
       const point = this.toCanvas(rect.left + 40 + (count % 6) * 24, rect.top + 30 + (count % 6) * 24);
       return this.addNode(typeName, point.x, point.y);
+    }
+
+    // The part of the canvas that no panel covers, in the window: drawflow's own canvas (the
+    // precanvas) is laid out there (editor_gestures.css), so the view's origin is its top-left.
+    freeArea() {
+      const box = this.canvas.getBoundingClientRect(), pre = this.df.precanvas;
+      const left = box.left + pre.offsetLeft, top = box.top + pre.offsetTop;
+      return { left, top, width: pre.clientWidth, height: pre.clientHeight, right: left + pre.clientWidth, bottom: top + pre.clientHeight };
     }
 
     // A node placed by code (a selection or a group moving with the node being dragged).
