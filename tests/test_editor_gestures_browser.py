@@ -134,6 +134,87 @@ def test_a_link_dropped_on_empty_canvas_opens_the_search_for_nodes_that_fit_it(p
     assert page.locator(".sse-search").count() == 0
 
 
+def dragged_link(page) -> list[float]:
+    """The link being dragged (drawflow's path with no ends yet), as [start x, start y, end x, end y] in
+    the window (zoom 1)."""
+    return run_js(page, """const path = editor.canvas.querySelector('svg.connection:not([class*="node_in"]) .main-path');
+        if (!path) return null;
+        const n = path.getAttribute('d').match(/-?[0-9.]+/g).map(Number), r = editor.df.precanvas.getBoundingClientRect();
+        return [n[0] + r.x, n[1] + r.y, n[n.length - 2] + r.x, n[n.length - 1] + r.y];""")
+
+
+def test_a_drag_from_a_linked_input_lifts_its_link_onto_another_input_or_off_in_one_undo_entry(page):
+    open_workflow(page, {"version": 1, "nodes": [
+        {"id": "p", "type": "prompt", "values": {"text": "a red circle"}, "position": [40, 40]},
+        {"id": "d", "type": "seed", "values": {"seed": 7}, "position": [40, 300]},
+        {"id": "a", "type": "sampler", "values": {}, "position": [360, 40]},
+        {"id": "b", "type": "sampler", "values": {}, "position": [720, 40]}],
+        "links": [{"from": {"node": "p", "port": "prompt"}, "to": {"node": "a", "port": "prompt"}},
+                  {"from": {"node": "d", "port": "seed"}, "to": {"node": "a", "port": "seed"}}]})
+    (prompt,), (seed,), (first, second) = node_ids(page, "prompt"), node_ids(page, "seed"), node_ids(page, "sampler")
+    linked = {(prompt, "prompt", first, "prompt"), (seed, "seed", first, "seed")}
+    assert links(page) == linked
+    entries = run_js(page, "return editor.undoStack.length;")
+
+    # Pressed and moved, the link leaves the input and follows the mouse from its output.
+    start, output = port(page, first, "input", 1), port(page, prompt, "output", 1)
+    page.mouse.move(*start)
+    page.mouse.down()
+    page.mouse.move(start[0] + 150, start[1] + 250, steps=8)
+    assert links(page) == {(seed, "seed", first, "seed")}
+    ends = dragged_link(page)
+    expected = [output[0], output[1], start[0] + 150, start[1] + 250]  # from the output port to the mouse
+    assert ends is not None and max(abs(a - b) for a, b in zip(ends, expected)) <= 1, (ends, expected)
+    shot(page, "gestures-link-lifted", full_page=False)
+    # Dropped on another sampler's prompt input: linked there, one undo entry.
+    target = port(page, second, "input", 1)
+    page.mouse.move(*target, steps=8)
+    page.mouse.up()
+    assert links(page) == {(prompt, "prompt", second, "prompt"), (seed, "seed", first, "seed")}
+    assert run_js(page, "return editor.undoStack.length;") == entries + 1
+    press(page, "Control+z")
+    assert typed_links(page) == {("prompt", "prompt", "sampler", "prompt"), ("seed", "seed", "sampler", "seed")}
+    (prompt,), (seed,), (first, second) = node_ids(page, "prompt"), node_ids(page, "seed"), node_ids(page, "sampler")
+    assert links(page) == {(prompt, "prompt", first, "prompt"), (seed, "seed", first, "seed")}
+
+    # A press without a move lifts nothing: the link stays, no undo entry.
+    entries = run_js(page, "return editor.undoStack.length;")
+    page.mouse.click(*port(page, first, "input", 1))
+    assert links(page) == {(prompt, "prompt", first, "prompt"), (seed, "seed", first, "seed")}
+    assert run_js(page, "return editor.undoStack.length;") == entries
+    # Dropped on an input of another type: refused as a drawn link is, and the lifted link stays off.
+    drag(page, port(page, first, "input", 1), port(page, second, "input", 3))
+    assert "Can't link prompt to seed" in page.inner_text(".sse-message")
+    assert links(page) == {(seed, "seed", first, "seed")}
+    press(page, "Control+z")
+    (prompt,), (seed,), (first, second) = node_ids(page, "prompt"), node_ids(page, "seed"), node_ids(page, "sampler")
+    assert links(page) == {(prompt, "prompt", first, "prompt"), (seed, "seed", first, "seed")}
+
+    # Dropped on empty canvas: the link is off, and the search offers the nodes that take a seed,
+    # as for a link dragged from the output (ComfyUI's link release); closed unused, the link is gone.
+    drag(page, port(page, first, "input", 3), client(page, 420, 700))
+    page.wait_for_selector(".sse-search-input:focus")
+    assert page.inner_text(".sse-search-head") == "NODES THAT TAKE SEED"
+    assert links(page) == {(prompt, "prompt", first, "prompt")}
+    press(page, "Escape")
+    assert page.locator(".sse-search").count() == 0 and len(graph(page)["nodes"]) == 4
+    assert links(page) == {(prompt, "prompt", first, "prompt")}
+    press(page, "Control+z")
+    assert typed_links(page) == {("prompt", "prompt", "sampler", "prompt"), ("seed", "seed", "sampler", "seed")}
+    # Picked from that search, the new node takes the link: the lift and the node are one undo entry.
+    (first, _) = node_ids(page, "sampler")
+    drag(page, port(page, first, "input", 3), client(page, 420, 700))
+    page.wait_for_selector(".sse-search-input:focus")
+    page.keyboard.type("sampler")
+    press(page, "Enter")
+    (seed,), samplers = node_ids(page, "seed"), node_ids(page, "sampler")
+    assert len(samplers) == 3 and (seed, "seed", samplers[2], "seed") in links(page)
+    assert (seed, "seed", samplers[0], "seed") not in links(page)
+    press(page, "Control+z")
+    assert len(node_ids(page, "sampler")) == 2
+    assert typed_links(page) == {("prompt", "prompt", "sampler", "prompt"), ("seed", "seed", "sampler", "seed")}
+
+
 # ---------------------------------------------------------------------------- right-click menus
 def test_right_click_menus_add_colour_duplicate_and_delete_each_with_an_undo(page):
     open_workflow(page, XY)

@@ -5,6 +5,11 @@
  * body, it joins that node's first free input that takes it. A link can also start from a free
  * input (drawflow starts links from outputs only): dropped on an output it links, on empty canvas
  * it opens the search with the nodes that make what the input takes (a Sweep already set to it).
+ *
+ * Pressed on an input that has a link, the link comes off it and follows the mouse from its output,
+ * as in ComfyUI: from there on it is drawflow's own drag from that output (above), and the link's
+ * removal is one undo entry with whatever the drop makes (dropped where it came from, nothing changes;
+ * on empty canvas with the search closed unused, the link is gone).
  */
 (function () {
   "use strict";
@@ -22,6 +27,7 @@
       editor.canvas.addEventListener("mouseup", (e) => this.noteDrop(e), true);
       this.df.on("connectionCancel", () => this.onCancel());
       editor.canvas.parentElement.addEventListener("mousedown", (e) => this.fromInput(e), true);
+      window.addEventListener("mouseup", () => this.afterLift()); // after drawflow's own mouseup
     }
 
     // What lies under a point, the link being dragged left out.
@@ -52,7 +58,11 @@
       if (!drop || !drop.type) return;
       if (drop.onNode && drop.onNode !== drop.node) this.linkToFreeInput(drop);
       else if (drop.background) {
-        this.editor.search.open({ x: drop.x, y: drop.y, link: { from: "output", node: drop.node, index: drop.index, type: drop.type } });
+        // A lifted link's removal is kept with what the search adds (or committed when it closes unused).
+        const onEnd = this.lifted ? () => this.editor.changed() : null;
+        this.lifted = false;
+        this.editor.search.open({ x: drop.x, y: drop.y, link: { from: "output", node: drop.node, index: drop.index, type: drop.type },
+                                  onEnd });
       }
     }
 
@@ -70,7 +80,8 @@
       const port = event.button === 0 && event.target.closest && event.target.closest(".drawflow-node .input");
       if (!port || !this.editor.canvas.contains(port)) return;
       const node = nodeIdOf(port), index = portIndex(port);
-      if (this.editor.nodeData(node).inputs["input_" + (index + 1)].connections.length) return;
+      const linked = this.editor.nodeData(node).inputs["input_" + (index + 1)].connections;
+      if (linked.length) { this.lift(event, node, index, linked[0]); return; }
       event.stopPropagation();
       event.preventDefault();
       const spec = this.editor.types[this.editor.nodeData(node).name].inputs[index];
@@ -104,6 +115,35 @@
       move(event);
       window.addEventListener("mousemove", move);
       window.addEventListener("mouseup", up, true);
+    }
+
+    // ------------------------------------------------------------------ a linked input: lift its link
+    lift(event, node, index, link) {
+      const editor = this.editor, df = this.df;
+      const output = editor.nodeElement(link.node) && editor.nodeElement(link.node).querySelector(".outputs ." + link.input);
+      if (!output) return;
+      event.stopPropagation(); // drawflow's mousedown would take the press for the node
+      event.preventDefault();
+      editor.quiet++; // no undo entry yet: the drop makes the rest of this one
+      try { df.removeSingleConnection(link.node, node, link.input, "input_" + (index + 1)); } finally { editor.quiet--; }
+      this.lifted = true;
+      // drawflow's state as if the press had been on the output (its mousedown on an output does this).
+      const { clientX: x, clientY: y } = event;
+      Object.assign(df, { ele_selected: output, connection: true, pos_x: x, pos_y: y, pos_x_start: x, pos_y_start: y,
+                          mouse_x: x, mouse_y: y });
+      df.drawConnection(output);
+      df.updateConnection(x, y);
+    }
+
+    afterLift() {
+      if (!this.lifted) return;
+      this.lifted = false;
+      const df = this.df;
+      if (df.connection) { // released off the canvas, where drawflow never heard it: the link stays off
+        if (df.connection_ele) df.connection_ele.remove();
+        Object.assign(df, { connection: false, connection_ele: null });
+      }
+      this.editor.changed(); // the removal, unless the drop's own edit committed it already
     }
 
     linkFromOutput(source, node, index, accepts) {

@@ -78,10 +78,12 @@
     }
 
     // ------------------------------------------------------------------ the box
-    open({ x, y, link }) {
+    // `onEnd`: called once the box closes, whether a node was added (after it is) or not.
+    open({ x, y, link, onEnd }) {
       this.close();
       this.at = { x, y };
       this.link = link || null;
+      this.onEnd = onEnd || null;
       this.input = this.h("input", { type: "text", class: "sse-search-input", placeholder: "Search nodes: name or port type",
                                      spellcheck: "false", autocomplete: "off" });
       this.list = this.h("div", { class: "sse-search-list", role: "listbox" });
@@ -105,6 +107,9 @@
       if (!this.box) return;
       this.box.remove();
       this.box = null;
+      const ended = this.onEnd;
+      this.onEnd = null;
+      if (ended) ended();
     }
 
     refresh() {
@@ -159,9 +164,11 @@
 
     // ------------------------------------------------------------------ adding
     pick(index) {
-      const entry = this.shown[index], link = this.link, at = this.at;
+      const entry = this.shown[index], link = this.link, at = this.at, ended = this.onEnd;
+      this.onEnd = null;
       this.close();
       if (entry) this.add(entry, at, link);
+      if (ended) ended();
     }
 
     add(entry, at, link) {
