@@ -528,6 +528,62 @@ def test_the_minimap_shows_every_node_and_a_click_brings_that_place_to_the_middl
     shot(page, "gestures-minimap")
 
 
+def minimap_pixel(page, node_id: str) -> list[int]:
+    """The minimap's RGBA pixel at the middle of where it draws node `node_id`."""
+    return run_js(page, """const map = editor.minimap.layout(), el = editor.nodeElement(arg), node = editor.nodeData(arg);
+        const x = map.offX + (node.pos_x + el.offsetWidth / 2 - map.minX) * map.scale;
+        const y = map.offY + (node.pos_y + el.offsetHeight / 2 - map.minY) * map.scale;
+        return [...editor.minimap.canvas.getContext('2d').getImageData(Math.round(x), Math.round(y), 1, 1).data];""", node_id)
+
+
+def nodes_under_minimap(page) -> list[str]:
+    return page.evaluate("""() => { const m = document.querySelector('.sse-minimap').getBoundingClientRect();
+        return [...document.querySelectorAll('.sse-canvas .drawflow-node')].filter((el) => { const b = el.getBoundingClientRect();
+            return b.left < m.right && m.left < b.right && b.top < m.bottom && m.top < b.bottom; }).map((el) => el.id); }""")
+
+
+def next_frames(page) -> None:
+    page.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
+
+
+def test_the_minimap_draws_bypassed_nodes_as_the_canvas_does_and_moves_off_the_nodes_under_it(page):
+    free = run_js(page, "return editor.freeArea();")
+    w, h = free["width"], free["height"]  # canvas pixels too: the view at zoom 1, unpanned
+    prompt = {"id": "p", "type": "prompt", "values": {"text": "a red circle"}, "position": [40, 40]}  # top-left corner
+    sweep = {"id": "s", "type": "sweep", "values": {"param": "guidance", "values": "1, 3"}, "position": [40, 320], "bypass": True}
+    in_corner = {"id": "c", "type": "seed", "values": {"seed": 7}, "position": [w - 160, h - 100]}  # under bottom-right
+    open_workflow(page, {"version": 1, "nodes": [prompt, sweep, in_corner], "links": []})
+    next_frames(page)
+    (prompt_id,), (sweep_id,), (seed_id,) = node_ids(page, "prompt"), node_ids(page, "sweep"), node_ids(page, "seed")
+    # A bypassed node in the canvas's bypass purple, faded as on the canvas (opacity 0.6); others in their title's colour.
+    bypass_colour = page.eval_on_selector(f"#node-{sweep_id} .sse-title", "el => getComputedStyle(el).backgroundColor")
+    assert bypass_colour == "rgb(147, 51, 234)"
+    assert [abs(a - b) <= 2 for a, b in zip(minimap_pixel(page, sweep_id), [147, 51, 234, 153])] == [True] * 4
+    assert minimap_pixel(page, prompt_id) == [100, 116, 139, 255]  # a value node's slate (#64748b)
+    # A node lies under the bottom-right corner: the minimap sits top-right, over no node.
+    assert page.get_attribute(".sse-minimap", "data-corner") == "top-right"
+    assert nodes_under_minimap(page) == []
+    shot(page, "gestures-minimap-moved-aside", full_page=False)
+
+    # A node in every corner: it hides until one is free.
+    open_workflow(page, {"version": 1, "links": [], "nodes": [prompt, sweep, in_corner,
+        {"id": "t", "type": "steps", "values": {"steps": 20}, "position": [w - 160, 40]},
+        {"id": "b", "type": "guidance", "values": {"scale": 3}, "position": [40, h - 100]}]})
+    next_frames(page)
+    assert page.get_attribute(".sse-minimap", "data-corner") == "none"
+    assert not page.locator(".sse-minimap").is_visible()
+    # The bottom-right node dragged away with the mouse: the minimap is back there as the node goes.
+    (seed_id,) = node_ids(page, "seed")
+    title = center(page, f"#node-{seed_id} .sse-title-text")
+    drag(page, title, (title[0] - 500, title[1] - 300))
+    next_frames(page)
+    assert page.get_attribute(".sse-minimap", "data-corner") == "bottom-right"
+    assert page.locator(".sse-minimap").is_visible() and nodes_under_minimap(page) == []
+    box, area = page.locator(".sse-minimap").bounding_box(), run_js(page, "return editor.freeArea();")
+    gaps = (area["right"] - box["x"] - box["width"], area["bottom"] - box["y"] - box["height"])
+    assert all(abs(gap - 10) <= 1 for gap in gaps), gaps  # 10 px in from the free part's bottom-right
+
+
 # ---------------------------------------------------------------------------- keyboard
 def test_ctrl_enter_runs_and_ctrl_alt_enter_cancels_even_from_a_prompt_while_other_keys_stay_the_fields(
         page, studio, monkeypatch):

@@ -1,6 +1,12 @@
-/* The minimap (a part of studio/page/web/node_editor.js): every node and group in small, and the
- * part of the canvas on screen as a frame. A click or a drag on it brings that place to the middle
- * of the view.
+/* The minimap (a part of studio/page/web/node_editor.js): every node and group in small, each node
+ * in the colour its title shows on the canvas (a bypassed node's purple, faded as it is there), and
+ * the part of the canvas on screen as a frame. A click or a drag on it brings that place to the
+ * middle of the view.
+ *
+ * It sits in a corner of the canvas's free part (NodeEditor.freeArea: no panel there), bottom-right
+ * first; where a node lies under it, it moves to the first corner free of nodes (top-right,
+ * bottom-left, top-left), and with none free it hides until one is. It stays put while it is
+ * being dragged.
  *
  * drawflow scales its canvas about the canvas's centre: a canvas point p shows at
  * W/2 + (p - W/2) * zoom + translate (see NodeEditor.fit).
@@ -10,6 +16,8 @@
 
   const WIDTH = 200, HEIGHT = 130, MARGIN = 60;
   const CATEGORY_COLORS = { values: "#64748b", "fan-out": "#7c3aed", pictures: "#0891b2", sampler: "#ea580c", outputs: "#059669" };
+  const CORNERS = ["bottom-right", "top-right", "bottom-left", "top-left"]; // in the order it tries them
+  const INSET = 10; // px from the free part's edges
 
   class Minimap {
     constructor(editor, kit) {
@@ -23,6 +31,8 @@
       this.df.on("mouseMove", () => { if (this.df.drag || this.df.editor_selected) redraw(); });
       for (const name of ["committed", "view", "loaded"]) editor.on(name, redraw);
       window.addEventListener("resize", redraw);
+      // The canvas's own size (full screen, the page settling, its tab shown again) moves the corners.
+      if (window.ResizeObserver) new ResizeObserver(redraw).observe(editor.canvas);
       this.canvas.addEventListener("mousedown", (e) => this.onPress(e));
     }
 
@@ -54,8 +64,11 @@
       return Object.values(data).map((node) => {
         const el = this.editor.nodeElement(node.id);
         const spec = this.editor.types[node.name] || {};
+        // As the canvas draws it: its title's colour (its category's, the user's, or bypassed) and its opacity.
+        const title = el && el.querySelector(".sse-title");
         return { x: node.pos_x, y: node.pos_y, w: el ? el.offsetWidth : 200, h: el ? el.offsetHeight : 100,
-                 color: (el && el.dataset.color) || CATEGORY_COLORS[spec.category] || "#64748b" };
+                 color: title ? getComputedStyle(title).backgroundColor : CATEGORY_COLORS[spec.category] || "#64748b",
+                 alpha: el ? Number(getComputedStyle(el).opacity) : 1 };
       });
     }
 
@@ -86,12 +99,37 @@
       for (const group of map.groups) ctx.fillRect(...px(group));
       for (const box of this.boxes()) {
         ctx.fillStyle = box.color;
+        ctx.globalAlpha = box.alpha;
         ctx.fillRect(...px(box));
       }
+      ctx.globalAlpha = 1;
       ctx.strokeStyle = "#2563eb";
       ctx.lineWidth = 1.5;
       ctx.strokeRect(...px(map.view));
       this.canvas.dataset.nodes = String(this.boxes().length);
+      this.place();
+    }
+
+    // ------------------------------------------------------------------ where it sits
+    // The first corner where no node lies under it (none: it hides).
+    place() {
+      const free = this.editor.freeArea();
+      if (this.pressing || !free.width) return; // being dragged; or its tab is hidden
+      const nodes = [...this.editor.canvas.querySelectorAll(".drawflow-node")].map((el) => el.getBoundingClientRect());
+      if (this.canvas.offsetWidth) this.size = [this.canvas.offsetWidth, this.canvas.offsetHeight]; // (hidden: as last shown)
+      const [w, h] = this.size || [WIDTH, HEIGHT];
+      const spot = (corner) => {
+        const left = corner.endsWith("left") ? free.left + INSET : free.right - INSET - w;
+        const top = corner.startsWith("top") ? free.top + INSET : free.bottom - INSET - h;
+        return { left, top, right: left + w, bottom: top + h };
+      };
+      const overlaps = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+      const corner = CORNERS.find((name) => !nodes.some((box) => overlaps(spot(name), box))) || "none";
+      this.canvas.dataset.corner = corner;
+      this.canvas.style.display = corner === "none" ? "none" : "";
+      if (corner === "none") return;
+      const box = this.editor.canvas.getBoundingClientRect(), at = spot(corner);
+      Object.assign(this.canvas.style, { left: `${at.left - box.left}px`, top: `${at.top - box.top}px`, right: "auto", bottom: "auto" });
     }
 
     // ------------------------------------------------------------------ pointer
@@ -106,7 +144,10 @@
         this.centreOn(map.minX + (x - map.offX) / map.scale, map.minY + (y - map.offY) / map.scale);
       };
       to(event);
+      this.pressing = true; // the view moves under it: it keeps its corner until released
       const up = () => {
+        this.pressing = false;
+        this.redrawSoon();
         window.removeEventListener("mousemove", to);
         window.removeEventListener("mouseup", up, true);
       };
