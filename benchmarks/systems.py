@@ -65,6 +65,7 @@ def _negative_prompt(model_defaults) -> str | None:
 # ---------------------------------------------------------------------------- stepstudio
 class EngineSystem:
     step_cache: float | None = 0.0  # every request's step-caching threshold (None: the model's default)
+    images: dict[int, object] | None = None  # item index -> its first image, when kept
 
     def __init__(self, model: str, mode: str, max_batch: int, preview_every: int,
                  guidance_scale: float | None = None, step_cache: float | None = 0.0,
@@ -99,6 +100,12 @@ class EngineSystem:
         done = threading.Event()
 
         def follow() -> None:
+            try:
+                record_events()
+            finally:
+                done.set()  # a follower that fails must not leave its caller waiting for ever
+
+        def record_events() -> None:
             for event in handle.events():
                 now = time.perf_counter()
                 if isinstance(event, Started):
@@ -116,7 +123,6 @@ class EngineSystem:
                     record.status = {Completed: "completed", Aborted: "aborted", Failed: "failed"}[type(event)]
                     if isinstance(event, Completed) and self.images is not None:
                         self.images[item.index] = event.images[0]
-            done.set()
 
         threading.Thread(target=follow, daemon=True).start()
         return Ticket(record, done)

@@ -189,9 +189,10 @@ def train_transformer(args) -> None:
         rng = np.random.default_rng([args.seed, 3, saved["state"]["step"]])
         state = saved["state"]
         log(f"transformer: resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min done)")
-    if state["done"]:
+    if state["done"] and progress_fraction(state["step"], args.steps, state["elapsed"], args.max_minutes) >= 1.0:
         log("transformer: already trained")
         return
+    state["done"] = False  # a larger --steps or --max-minutes goes on training (the cosine restarts from there)
 
     def save(path: Path) -> None:
         save_atomically({"model": modules.state_dict(), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
