@@ -19,6 +19,7 @@ class Flight:
     engine_request_id: str | None = None
     stream: object = None  # the DeploymentResponseGenerator
     stop: tuple[str, str] | None = None  # (reason, cause) once cancelled
+    reruns: int = 0  # times it ran again because its replica died
     task: asyncio.Task | None = field(default=None, repr=False)
 
     @property

@@ -19,9 +19,12 @@ Every member of the interface behaves as on one engine, with these differences:
 - `cancel` (and `handle.cancel()`) cancels the request's downstream stream: the replica's
   generator gets CancelledError and aborts the request at the engine's next step boundary;
   the handle ends with `Aborted("cancelled by the user")` at once.
-- A replica that dies fails its requests with `Failed(..., stage="replica")` naming it; Serve
-  starts another, and new requests go to the replicas that are up. Nothing waits forever:
-  every call to a replica has a deadline, and a dead replica's streams raise at once.
+- A replica that dies hands its requests (running or queued) to the replicas that are up: each
+  runs again from the start with its seed (the caller sees it queued again, then its steps from
+  1) and ends once, as before; with no replica up it fails with `Failed(..., stage="replica")`
+  naming the dead one. Serve starts another, and new requests go to the replicas that are up.
+  Nothing waits forever: every call to a replica has a deadline, and a dead replica's streams
+  raise at once.
 - `snapshot()` and `metrics` are what the replicas reported at most `refresh_s` ago.
 - Queue control (pause, resume, move, clear) reaches every replica: serve/queue_control.py says how.
 """
@@ -70,6 +73,7 @@ log = logging.getLogger(__name__)
 
 CANCELLED_REASON = "cancelled by the user"
 SERVED_BY_KEPT = 4096  # requests whose replica `replica_of` still knows after they ended
+MAX_RERUNS = 3  # times one request runs again after its replica died, before it fails
 
 
 class ReplicasUnavailableError(QueueFullError):
@@ -366,8 +370,6 @@ class ReplicatedEngine(ReplicatedQueueControl):
         except RequestCancelledError:
             reason, cause = flight.stop or (CANCELLED_REASON, "cancelled")
             final = Aborted(reason, cause=cause)
-        except RayActorError as error:
-            final = self._lost(flight, error)
         except asyncio.CancelledError:  # the relay loop itself is stopping
             final = Aborted(SHUTDOWN_REASON, cause="shutdown")
         except Exception as error:  # noqa: BLE001 - whatever broke the stream, the caller gets an answer
@@ -380,35 +382,44 @@ class ReplicatedEngine(ReplicatedQueueControl):
             deliver_pending()
 
     async def _stream_events(self, flight: Flight) -> Event:
-        """Until the final event; a replica that refuses for its own reasons (full, closed,
-        broken) is avoided and the next one tried."""
+        """Until the final event. A replica that refuses for its own reasons (full, closed, broken)
+        is avoided and the next one tried; one that dies holding the request (running or queued)
+        is avoided and the request runs again on a live replica, from the start."""
         avoid: list[str] = []
         while True:
             if flight.stop is not None:
                 raise RequestCancelledError(flight.request_id)
-            flight.stream = self._handle.options(stream=True).generate.remote(
-                flight.prepared.params, session_id=flight.session_id, batch_key=flight.prepared.batch_key,
-                avoid=tuple(avoid))
-            async for item in flight.stream:
-                if isinstance(item, Admitted):
-                    self._admitted(flight, item)
-                    continue
-                if isinstance(item, Rejected):
-                    if item.is_replica_trouble and len(avoid) < max(1, len(self._board.reports)):
-                        avoid.append(item.replica_id)
-                        break
-                    return Failed(item.message, stage="admission")
-                offset = self._board.clock_offset(flight.replica_id or "")
-                if isinstance(item, WireProgress):
-                    self.metrics.relay_seconds.observe(max(0.0, time.perf_counter() - (item.sent_at + offset)))
-                event = event_from_wire(item, offset)
-                if isinstance(event, FINAL_EVENTS):
-                    return self._as_replica_failure(flight, event)
-                flight.handle.emit(event)
-                deliver_pending()
-            else:
-                return Failed(f"{flight.replica or 'the engine replica'} ended the stream without a result",
-                              stage="replica")
+            try:
+                final = await self._stream_once(flight, avoid)
+            except RayActorError as error:
+                final = self._replica_died(flight, error, avoid)
+            if final is not None:
+                return final
+
+    async def _stream_once(self, flight: Flight, avoid: list[str]) -> Event | None:
+        """One stream from a replica: the final event, or None when the replica refused for its own
+        reasons (it is added to `avoid`)."""
+        flight.stream = self._handle.options(stream=True).generate.remote(
+            flight.prepared.params, session_id=flight.session_id, batch_key=flight.prepared.batch_key,
+            avoid=tuple(avoid))
+        async for item in flight.stream:
+            if isinstance(item, Admitted):
+                self._admitted(flight, item)
+                continue
+            if isinstance(item, Rejected):
+                if item.is_replica_trouble and len(avoid) < max(1, len(self._board.reports)):
+                    avoid.append(item.replica_id)
+                    return None
+                return Failed(item.message, stage="admission")
+            offset = self._board.clock_offset(flight.replica_id or "")
+            if isinstance(item, WireProgress):
+                self.metrics.relay_seconds.observe(max(0.0, time.perf_counter() - (item.sent_at + offset)))
+            event = event_from_wire(item, offset)
+            if isinstance(event, FINAL_EVENTS):
+                return self._as_replica_failure(flight, event)
+            flight.handle.emit(event)
+            deliver_pending()
+        return Failed(f"{flight.replica or 'the engine replica'} ended the stream without a result", stage="replica")
 
     def _admitted(self, flight: Flight, item: Admitted) -> None:
         flight.replica_id, flight.replica, flight.engine_request_id = item.replica_id, item.replica, item.request_id
@@ -424,13 +435,34 @@ class ReplicatedEngine(ReplicatedQueueControl):
             return Failed(f"{event.message} ({flight.replica}; the other replicas keep serving)", stage="replica")
         return event
 
-    def _lost(self, flight: Flight, error: RayActorError) -> Failed:
-        self.metrics.requests_lost.inc()
+    def _replica_died(self, flight: Flight, error: RayActorError, avoid: list[str]) -> Failed | None:
+        """The replica holding `flight` died: None to run it again from the start on a live replica
+        (its parameters carry their seed, so it gives the same picture; the caller sees it queued
+        again, then its steps from 1), or a Failed when no replica is left to take it."""
+        who = flight.replica or "its engine replica"
         if flight.replica_id is not None:
             self._board.forget(flight.replica_id)
-        who = flight.replica or "its engine replica"
-        return Failed(f"{who} stopped while serving this request ({type(error).__name__}); the other replicas "
-                      "keep serving: submit it again.", stage="replica")
+            avoid.append(flight.replica_id)
+        self._unplace(flight)
+        if flight.stream is not None:
+            flight.stream.cancel()  # an actor only unreachable for a moment must not run it twice
+        flight.reruns += 1
+        if self._board.live_count == 0 or flight.reruns > MAX_RERUNS:
+            self.metrics.requests_lost.inc()
+            return Failed(f"{who} stopped while serving this request ({type(error).__name__}) and no other replica "
+                          "is up to run it again: submit it again shortly.", stage="replica")
+        self.metrics.requests_rerun.inc()
+        log.warning("%s stopped while serving request %s (%s); running it again on another replica",
+                    who, flight.request_id[:8], type(error).__name__)
+        return None
+
+    def _unplace(self, flight: Flight) -> None:
+        """`flight` is no longer on the replica it was admitted by."""
+        if flight.engine_request_id is not None:
+            with self._lock:
+                self._our_ids.pop(flight.engine_request_id, None)
+                self._served_by.pop(flight.request_id, None)
+        flight.replica_id = flight.replica = flight.engine_request_id = None
 
     async def _stop_all(self, reason: str) -> None:
         """Shutdown: abort every request of ours, then end the relay loop."""

@@ -21,7 +21,11 @@ class ReplicatedMetrics:
         self.requests_in_flight = Gauge(
             "stepstudio_replicated_requests_in_flight", "Requests submitted through this studio and not ended", registry=r)
         self.requests_lost = PromCounter(
-            "stepstudio_replica_lost_requests", "Requests failed because their engine replica died", registry=r)
+            "stepstudio_replica_lost_requests", "Requests failed because their engine replica died and none was left",
+            registry=r)
+        self.requests_rerun = PromCounter(
+            "stepstudio_replica_rerun_requests",
+            "Requests run again from the start on another replica because theirs died", registry=r)
         self.requests_rejected = PromCounter(
             "stepstudio_replicated_requests_rejected", "Submissions refused by the studio's admission", ["reason"],
             registry=r)

@@ -28,7 +28,7 @@ from tests.test_http_api import assert_openai_error, raw_post, wait_until
 
 @contextlib.contextmanager
 def studio(pipeline=None, **options):
-    config = StudioOptions(model="toy", port=0, **options)
+    config = StudioOptions(model="toy", port=0, **{"outputs": None, **options})  # outputs: no shared folder
     engine = Engine(pipeline or ToyPipeline(), limits=config.limits).start()
     app = build_app(engine, config)
     server = StudioServer(app, "127.0.0.1", 0).start()

@@ -298,21 +298,22 @@ def test_a_replica_that_missed_a_change_is_told_the_pauses_again(engine):
     _until("both replicas resumed", lambda: all(p.sessions == frozenset() for p in _replica_pauses(engine)))
 
 
-def _lost_requests(engine) -> float:
-    name = "stepstudio_replica_lost_requests_total "
-    lines = [line for line in engine.metrics.exposition().decode().splitlines() if line.startswith(name)]
+def _counter(engine, name: str) -> float:
+    lines = [line for line in engine.metrics.exposition().decode().splitlines() if line.startswith(name + " ")]
     assert len(lines) == 1, lines
-    return float(lines[0].removeprefix(name))
+    return float(lines[0].rsplit(" ", 1)[1])
+
+
+RERUN_STEPS = 100  # 5 s at 50 ms a step: still running when its replica is killed
 
 
 # Last in this module: the killed replica's replacement starts in the background after it.
-def test_a_killed_replica_fails_the_requests_it_holds_and_the_next_request_is_served(engine):
-    """README, Ray Serve: "A replica that dies (SIGKILL in the tests) fails each of its requests at
-    once with `Failed("replica 1 stopped while serving this request (ActorDiedError); the other
-    replicas keep serving: submit it again.", stage="replica")` ... New requests go to the replicas
-    that are up"."""
-    held = [_admitted(engine, GenerationParams(prompt=f"held {i}", num_inference_steps=LONG), f"held-{i}")
-            for i in range(2)]
+def test_a_killed_replicas_requests_run_again_on_the_other_and_each_caller_gets_one_result(engine):
+    """README, Ray Serve: "A replica that dies (SIGKILL in the tests) hands the requests it holds,
+    running or queued, to the replicas that are up: each runs again from the start with its seed
+    ... New requests go to the replicas that are up"."""
+    held = [_admitted(engine, GenerationParams(prompt=f"held {i}", num_inference_steps=RERUN_STEPS, seed=10 + i),
+                      f"held-{i}") for i in range(2)]
     other = _admitted(engine, GenerationParams(prompt="elsewhere", width=32, height=32, num_inference_steps=LONG),
                       "elsewhere")
     for handle in (*held, other):
@@ -321,16 +322,30 @@ def test_a_killed_replica_fails_the_requests_it_holds_and_the_next_request_is_se
     assert engine.replica_of(held[1].request_id) == victim != survivor  # 64 px together, 32 px on the other
     engine.refresh()
     pid = {report.replica: report.pid for report in engine.replicas}[victim]
-    lost_before = _lost_requests(engine)
+    lost_before = _counter(engine, "stepstudio_replica_lost_requests_total")
+    rerun_before = _counter(engine, "stepstudio_replica_rerun_requests_total")
 
     os.kill(pid, signal.SIGKILL)
-    expected = Failed(f"{victim} stopped while serving this request (ActorDiedError); the other replicas keep "
-                      "serving: submit it again.", stage="replica")
-    assert [handle.result(timeout=60) for handle in held] == [expected, expected]
-    assert _lost_requests(engine) == lost_before + 2
-    # The other replica's request was untouched: it is still running until cancelled.
+    # The other replica's request is untouched: still running (queued once) until cancelled.
     assert engine.cancel(other.request_id, "elsewhere") is True
     assert other.result(timeout=30) == Aborted("cancelled by the user", cause="cancelled")
+    assert sum(isinstance(event, Queued) for event in other.history) == 1
+    for handle in held:
+        assert isinstance(handle.result(timeout=120), Completed)
+        events = handle.history
+        # One final event, after a second Queued: the request ran again from step 1.
+        assert [type(event) for event in events if isinstance(event, (Completed, Aborted, Failed))] == [Completed]
+        queued_at = [i for i, event in enumerate(events) if isinstance(event, Queued)]
+        assert len(queued_at) == 2, [type(event).__name__ for event in events]
+        again = [event.step for event in events[queued_at[1]:] if isinstance(event, Progress)]
+        assert again == list(range(1, RERUN_STEPS + 1))
+        assert engine.replica_of(handle.request_id) == survivor
+    assert _counter(engine, "stepstudio_replica_rerun_requests_total") == rerun_before + 2
+    assert _counter(engine, "stepstudio_replica_lost_requests_total") == lost_before
+    # Run from the start with the same seed: the picture a request that never moved gives.
+    for handle in held:
+        fresh = engine.submit(handle.params, session_id="fresh").result(timeout=60)
+        assert fresh.images[0].tobytes() == handle.last_event.images[0].tobytes()
 
     after = engine.submit(GenerationParams(prompt="after the kill", num_inference_steps=4), session_id="after")
     assert isinstance(after.result(timeout=60), Completed)

@@ -68,7 +68,7 @@ def test_api_page_lists_the_named_endpoints(studio, clients):
 
 def test_gradio_queue_does_not_cap_concurrent_sessions():
     engine = Engine(ToyPipeline())
-    demo = build_app(engine, StudioOptions(model="toy")).state.demo
+    demo = build_app(engine, StudioOptions(model="toy", outputs=None)).state.demo
     assert demo._queue.max_thread_count == 256  # Gradio's default (40) would cap concurrent sessions
     generate = next(fn for fn in demo.fns.values() if fn.api_name == "generate")
     assert generate.concurrency_limit is None
@@ -267,7 +267,7 @@ def test_a_failing_request_and_a_full_session_are_reported_and_the_app_keeps_ser
 
 def test_cancel_while_waiting_in_the_queue():
     pipeline = ToyPipeline(step_delay_s=STEP_DELAY_S)
-    config = StudioOptions(model="toy", port=0, max_batch=1, preview_every=0)
+    config = StudioOptions(model="toy", port=0, max_batch=1, preview_every=0, outputs=None)
     engine = Engine(pipeline, mode=config.mode, max_batch_requests=config.max_batch, limits=config.limits).start()
     # The first request may not finish (and the second start) before the cancel arrives: the
     # engine waits in the first request's second forward until the second one is submitted, and
@@ -301,7 +301,7 @@ def test_cancel_while_waiting_in_the_queue():
 
 def test_auth_guards_the_page_and_the_http_api():
     engine = Engine(ToyPipeline(), limits=StudioOptions().limits).start()
-    config = StudioOptions(model="toy", port=0, auth=("me", "secret"))
+    config = StudioOptions(model="toy", port=0, auth=("me", "secret"), outputs=None)
     server = StudioServer(build_app(engine, config), "127.0.0.1", 0).start()
     try:
         base = server.url.rstrip("/")
