@@ -1,4 +1,4 @@
-"""Shared test setup: CPU only, deterministic, quiet."""
+"""Shared test setup: CPU only, deterministic, quiet; how the run is spread over processes."""
 
 import os
 
@@ -8,7 +8,30 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# In a parallel run (pytest-xdist, the default: pyproject's addopts) each worker computes with one
+# thread: the workers already keep every core busy, and more threads than cores slow them all.
+IN_A_WORKER = "PYTEST_XDIST_WORKER" in os.environ
+torch.set_num_threads(1 if IN_A_WORKER else max(1, min(2, os.cpu_count() or 1)))
+
+# The files that take longest (docs/testing.md, "Where its time goes"), started first so that no
+# worker is still on one of them long after the others have run out of work.
+LONGEST_FIRST = (
+    "test_studio_browser.py", "test_serve_replicas.py", "test_durable_restart.py", "test_node_editor_browser.py",
+    "test_readme_examples.py", "test_durable_workflows.py", "test_flux_packing.py", "test_gpu_check.py",
+    "test_reliability_app.py", "test_serving_benchmark.py", "test_step_cache.py", "test_workflow_client.py",
+    "test_readme_claims.py", "test_stress.py", "test_lora_parity.py", "test_workflow_grid_benchmark.py",
+)
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: two workers a core (at most 8). Much of the run waits on studio processes,
+    browsers and Ray rather than computing; measured in docs/testing.md."""
+    return min(8, 2 * (os.cpu_count() or 1))
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 
 
 @pytest.fixture(autouse=True)

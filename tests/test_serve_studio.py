@@ -3,7 +3,7 @@ replicas of the built-in image and video models behind the studio ingress, drive
 gradio_client and the HTTP API. Checked: a request streams every step; /metrics labels both
 replicas; a Cancel, a client's job.cancel() (what a closed tab does) and a dropped HTTP
 connection abort on the replica; killing one replica
-mid-run fails its request clearly while the other's finishes, new requests succeed and Serve
+mid-run runs its request again on the other and both finish, new requests succeed and Serve
 replaces the replica; stopping leaves no Ray process behind.
 Slow (a Ray cluster, the model loaded twice); needs the `serve` extra."""
 
@@ -24,7 +24,6 @@ pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install
 yaml = pytest.importorskip("yaml")
 
 from gradio_client import Client  # noqa: E402
-from gradio_client.exceptions import AppError  # noqa: E402
 
 from studio.server.sockets import free_port  # noqa: E402
 from tests.studio_helpers import connect, statuses, wait_for, wait_until_serving  # noqa: E402
@@ -158,7 +157,7 @@ def test_a_dropped_http_connection_aborts_on_the_replica(studio):
     wait_for(lambda: _aborted_total(studio) == before + 1, timeout_s=30, what="the replica's abort")
 
 
-def test_killing_a_replica_mid_run_fails_its_request_and_the_studio_keeps_serving(studio):
+def test_killing_a_replica_mid_run_its_request_finishes_on_the_other_and_the_studio_keeps_serving(studio):
     pids = _replica_pids()
     assert len(pids) == 2
     client = connect(studio)
@@ -171,16 +170,8 @@ def test_killing_a_replica_mid_run_fails_its_request_and_the_studio_keeps_servin
     running = [_metric(studio, "stepstudio_running_requests", f'replica="replica {i}"') for i in (0, 1)]
     assert running == [1.0, 1.0], (running, subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout)
     os.kill(pids[0], signal.SIGKILL)
-    outcomes = []
-    for job in jobs:  # /generate reports a failed request as an error carrying its message
-        try:
-            outcomes.append(job.result(timeout=120)[0]["state"])
-        except AppError as error:
-            outcomes.append(str(error))
-    assert "completed" in outcomes and len(outcomes) == 2
-    failure = next(outcome for outcome in outcomes if outcome != "completed")
-    assert re.fullmatch(r"replica \d stopped while serving this request \(ActorDiedError\); the other replicas "
-                        r"keep serving: submit it again\.", failure)
+    # The dead replica's request runs again on the other: both callers get their result.
+    assert [job.result(timeout=240)[0]["state"] for job in jobs] == ["completed", "completed"]
     after = _generate(connect(studio), 64, steps=8)
     assert after.result(timeout=120)[0]["state"] == "completed"
     # Serve replaces the dead replica; /metrics shows two replicas again.

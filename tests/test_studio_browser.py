@@ -211,11 +211,20 @@ def test_cancel_one_request_and_cancel_all(open_page, studio, monkeypatch):
 
 
 def test_two_pages_see_each_other_in_the_queue(open_page, studio):
-    pipeline = studio[2]
+    engine, pipeline = studio[1], studio[2]
     first, second = open_page(), open_page()
-    # The engine holds in the first forward both requests share, while the pages are read.
-    gate = StepGate(min_requests=2)
-    pipeline.on_forward = gate
+    # The engine holds in the first forward both requests share, while the pages are read. The
+    # first request waits at its step boundary until the second is in, however slow the second
+    # click is on a busy machine, so that forward comes.
+    gate, waited = StepGate(min_requests=2), []
+
+    def once_both_are_in(index, batch):
+        if not waited:  # the first forward only
+            waited.append(index)
+            wait_for(lambda: engine.requests_in_flight >= 2, timeout_s=60, what="the second tab's request")
+        gate(index, batch)
+
+    pipeline.on_forward = once_both_are_in
     try:
         generate(first, "first tab's prompt")
         generate(second, "second tab's prompt")
