@@ -314,12 +314,18 @@ def test_cancelling_a_branch_cancels_the_stages_that_start_from_it(toy):
     pipeline, engine = toy
     compiled_run = compiled(two_stages(seeds=2, strengths="0.5", steps="6"))
     run = WorkflowRun(engine, compiled_run, session_id="tab")
-    cancelled = []
+    cancelled, cancel_made = [], threading.Event()
+
+    def hold_until_cancelled(index, batch):  # in the second forward: the views see branch 0 running, however busy
+        if index == 1:
+            assert cancel_made.wait(30), "branch 0 was never seen running"
 
     def on_view(view):
         if not cancelled and view.branches[0].state == "running":
             cancelled.append(run.cancel_branch(0))
+            cancel_made.set()
 
+    pipeline.on_forward = hold_until_cancelled
     final = drive(run, engine, on_view)[-1]
     assert cancelled == [True]
     states = [b.state for b in final.branches]
