@@ -32,7 +32,6 @@ Every member of the interface behaves as on one engine, with these differences:
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import threading
 import time
@@ -48,7 +47,6 @@ from engine import (
     SHUTDOWN_REASON,
     Aborted,
     AdmissionLedger,
-    EngineClosedError,
     Event,
     Failed,
     GenerationParams,
@@ -64,6 +62,7 @@ from pipelines.interface import PipelineInfo
 from serve.board import ReplicaBoard, ReplicatedSnapshot
 from serve.flight import Flight
 from serve.queue_control import ReplicatedQueueControl
+from serve.relay_loop import RelayLoop
 from serve.remote_pipeline import RemotePipeline
 from serve.replicated_metrics import ReplicatedMetrics
 from serve.settings import REFRESH_S
@@ -80,7 +79,7 @@ class ReplicasUnavailableError(QueueFullError):
     """No engine replica answered in time (all busy starting, or being replaced): try again."""
 
 
-class ReplicatedEngine(ReplicatedQueueControl):
+class ReplicatedEngine(ReplicatedQueueControl, RelayLoop):
     def __init__(self, handle, *, refresh_s: float = REFRESH_S, call_timeout_s: float = 10.0,
                  start_timeout_s: float = 600.0) -> None:
         self._handle = handle  # DeploymentHandle of the EngineReplica deployment
@@ -90,13 +89,11 @@ class ReplicatedEngine(ReplicatedQueueControl):
         # A replica's report may miss a round or two when it is busy; a dead one is dropped at once.
         self._board = ReplicaBoard(stale_after_s=max(5.0, 4 * refresh_s))
         self.metrics = ReplicatedMetrics(self._board)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run_loop, name="stepstudio-replicas", daemon=True)
+        RelayLoop.__init__(self)
         self._description: ReplicaDescription | None = None
         self._refresher: asyncio.Task | None = None
         self._snapshot: ReplicatedSnapshot = self._board.snapshot({})
         self._pauses = Pauses()  # every replica's paused queues, as callers set them (serve/queue_control.py)
-        self._stopped = threading.Event()
         # Every request of ours in flight, and the open door (callers admit, the relay loop releases).
         self._ledger: AdmissionLedger[Flight] = AdmissionLedger(
             self.metrics.requests_rejected, owner="the studio", on_count=self.metrics.requests_in_flight.set)
@@ -278,43 +275,7 @@ class ReplicatedEngine(ReplicatedQueueControl):
             raise RuntimeError("call ReplicatedEngine.start() first: no replica has described the model yet.")
         return self._description
 
-    def _call(self, make_awaitable, timeout_s: float):
-        """Await `make_awaitable()` on the relay loop (where every replica call is made) and wait
-        for its result from this, another, thread.
-
-        The relay loop runs each call in an empty context, never the caller's: inside the
-        ingress, the caller's context holds the Serve request context of its HTTP call, and every
-        replica call made under it would carry that call's internal request id; Serve's router
-        tells calls apart by that id, so the second call of one HTTP request would never be routed."""
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("a blocking replica call on the relay loop itself would never finish.")
-
-        async def run():
-            return await make_awaitable()
-
-        try:
-            future = contextvars.Context().run(asyncio.run_coroutine_threadsafe, run(), self._loop)
-        except RuntimeError:  # the loop is closed
-            raise EngineClosedError("the studio is shutting down; no new requests are accepted.") from None
-        try:
-            return future.result(timeout_s)
-        except TimeoutError:
-            future.cancel()
-            raise
-
-    def _soon(self, callback, *args) -> None:
-        """Run `callback` on the relay loop, outside the caller's context (see `_call`)."""
-        self._loop.call_soon_threadsafe(callback, *args, context=contextvars.Context())
-
     # ------------------------------------------------------------------ the relay loop
-    def _run_loop(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_forever()
-        finally:
-            self._loop.close()
-            self._stopped.set()
-
     async def _start(self) -> None:
         description = await self._handle.describe.remote()
         self.models = ModelSet({
