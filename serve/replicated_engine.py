@@ -410,8 +410,10 @@ class ReplicatedEngine(ReplicatedQueueControl, RelayLoop):
         flight.reruns += 1
         if self._board.live_count == 0 or flight.reruns > MAX_RERUNS:
             self.metrics.requests_lost.inc()
-            return Failed(f"{who} stopped while serving this request ({type(error).__name__}) and no other replica "
-                          "is up to run it again: submit it again shortly.", stage="replica")
+            why = ("no other replica is up to run it again" if self._board.live_count == 0
+                   else f"it has lost {flight.reruns} replicas")
+            return Failed(f"{who} stopped while serving this request ({type(error).__name__}) and {why}: "
+                          "submit it again shortly.", stage="replica")
         self.metrics.requests_rerun.inc()
         log.warning("%s stopped while serving request %s (%s); running it again on another replica",
                     who, flight.request_id[:8], type(error).__name__)

@@ -150,7 +150,8 @@ def test_with_no_replica_left_the_request_fails_naming_the_dead_one():
 def test_a_request_that_keeps_losing_its_replica_fails_after_a_bounded_number_of_runs():
     replicas = MAX_RERUNS + 2
     final, _, facade, _ = _relay(replicas=replicas, dying=set(range(replicas)))
-    assert isinstance(final, Failed) and final.message.startswith(f"replica {MAX_RERUNS} stopped while serving")
+    assert final == Failed(f"replica {MAX_RERUNS} stopped while serving this request (ActorDiedError) and it has "
+                           f"lost {MAX_RERUNS + 1} replicas: submit it again shortly.", stage="replica")
     assert [replica for replica, _ in facade._handle.streams] == list(range(MAX_RERUNS + 1))
     assert (_counter(facade, "stepstudio_replica_rerun_requests_total"),
             _counter(facade, "stepstudio_replica_lost_requests_total")) == (float(MAX_RERUNS), 1.0)
