@@ -198,12 +198,15 @@ def test_retrieve_tells_the_step_the_engine_is_at_and_list_shows_the_callers_vid
         video = api.videos.create(model="wan", prompt=PROMPT, extra_body={"num_inference_steps": 4})
         assert video.status in ("queued", "in_progress") and video.progress == 0
         first.wait()
-        now = api.videos.retrieve(video.id)
+        # The engine is held after step 1; its Progress event reaches the job a moment later.
+        wait_until(lambda: api.videos.retrieve(video.id).progress > 0, what="step 1 in the job")
+        now = api.videos.retrieve(video.id)  # still held: nothing moves past step 1
         assert (now.status, now.progress, now.completed_at) == ("in_progress", 25, None)
         with pytest.raises(openai.ConflictError, match="in_progress"):
             api.videos.download_content(video.id)
         first.release()
         second.wait()
+        wait_until(lambda: api.videos.retrieve(video.id).progress > 25, what="step 3 in the job")
         assert api.videos.retrieve(video.id).progress == 75
         second.release()
         done = api.videos.poll(video.id, poll_interval_ms=20)
