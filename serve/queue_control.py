@@ -17,13 +17,16 @@ worker threads, never from an event loop.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from dataclasses import replace
 from typing import Callable
 
 from ray.serve.exceptions import DeploymentUnavailableError
 
 from engine import CLEAR_REASON, PauseState, pause_end
+from serve.wire import Answered
 
 log = logging.getLogger(__name__)
 
@@ -124,15 +127,31 @@ class ReplicatedQueueControl:
         self._snapshot = replace(self._snapshot, pauses=self._pauses.state)
 
     def _broadcast(self, method: str, *args, **kwargs) -> list:
-        """Every live replica's answer to `method` (an exception in place of a replica that failed)."""
-        async def call():
-            try:
-                return await self._handle.broadcast(method, *args, **kwargs).results_async(
-                    timeout_s=self.call_timeout_s, return_exceptions=True)
-            except (TimeoutError, DeploymentUnavailableError):  # no replica now: the next refresh tells them
-                return []
+        """Every live replica's answer to `method`. Serve's broadcast skips a replica it finds
+        busy for a moment, so the replicas the board knows and that did not answer are asked again
+        (and only they) until each has, or `call_timeout_s` has passed."""
+        async def call() -> dict[str, object]:
+            heard: dict[str, object] = {}
+            deadline = time.monotonic() + self.call_timeout_s
+            only = None
+            while True:
+                try:
+                    answers = await self._handle.broadcast(method, *args, only=only, **kwargs).results_async(
+                        timeout_s=max(deadline - time.monotonic(), 0.1), return_exceptions=True)
+                except (TimeoutError, DeploymentUnavailableError):  # no replica now: the next refresh tells them
+                    answers = []
+                for answer in answers:
+                    if isinstance(answer, Answered):
+                        heard.setdefault(answer.replica_id, answer.value)
+                    elif isinstance(answer, Exception):
+                        log.warning("a replica did not take %s: %s", method, answer)  # a refresh tells it the pauses
+                missing = {report.replica_id for report in self._board.reports if report.alive} - heard.keys()
+                if not missing or time.monotonic() >= deadline:
+                    if missing:
+                        log.warning("%s reached no answer from %s within %g s", method, sorted(missing),
+                                    self.call_timeout_s)
+                    return heard
+                only = frozenset(missing)
+                await asyncio.sleep(0.05)
 
-        answers = self._call(call, self.call_timeout_s + 1)
-        for failed in (answer for answer in answers if isinstance(answer, Exception)):
-            log.warning("a replica did not take %s: %s", method, failed)  # a refresh tells it the pauses
-        return answers
+        return list(self._call(call, self.call_timeout_s + 2).values())

@@ -37,6 +37,7 @@ from engine import AdmissionError, Engine, GenerationParams, PauseState, Prepare
 from serve.settings import ReplicaSettings
 from serve.wire import (
     Admitted,
+    Answered,
     Rejected,
     ReplicaDescription,
     ReplicaReport,
@@ -134,24 +135,34 @@ class EngineReplica:
         )
 
     # ------------------------------------------------------------------ queue control (broadcast)
-    async def pause_queue(self, session_id: str, abort_running: bool = False, until: float | None = None) -> None:
-        self.engine.pause_queue(session_id, abort_running=abort_running, until=until)
+    # Each answers `Answered(replica id, value)`, or None when `only` names other replicas (the
+    # facade asking again the ones a broadcast missed: the others already did it once).
+    async def pause_queue(self, session_id: str, abort_running: bool = False, until: float | None = None,
+                          only: frozenset[str] | None = None) -> Answered | None:
+        return self._answer(only, lambda: self.engine.pause_queue(session_id, abort_running=abort_running, until=until))
 
-    async def resume_queue(self, session_id: str) -> None:
-        self.engine.resume_queue(session_id)
+    async def resume_queue(self, session_id: str, only: frozenset[str] | None = None) -> Answered | None:
+        return self._answer(only, lambda: self.engine.resume_queue(session_id))
 
-    async def pause_engine(self) -> None:
-        self.engine.pause_engine()
+    async def pause_engine(self, only: frozenset[str] | None = None) -> Answered | None:
+        return self._answer(only, self.engine.pause_engine)
 
-    async def resume_engine(self) -> None:
-        self.engine.resume_engine()
+    async def resume_engine(self, only: frozenset[str] | None = None) -> Answered | None:
+        return self._answer(only, self.engine.resume_engine)
 
-    async def move_request(self, request_id: str, session_id: str, before: str | None = None) -> bool:
+    async def move_request(self, request_id: str, session_id: str, before: str | None = None,
+                           only: frozenset[str] | None = None) -> Answered | None:
         """False on the replicas that don't hold the request (all but one)."""
-        return self.engine.move_request(request_id, session_id, before=before)
+        return self._answer(only, lambda: self.engine.move_request(request_id, session_id, before=before))
 
-    async def clear_queue(self, session_id: str, include_running: bool = False) -> int:
-        return self.engine.clear_queue(session_id, include_running=include_running)
+    async def clear_queue(self, session_id: str, include_running: bool = False,
+                          only: frozenset[str] | None = None) -> Answered | None:
+        return self._answer(only, lambda: self.engine.clear_queue(session_id, include_running=include_running))
+
+    def _answer(self, only: frozenset[str] | None, call) -> Answered | None:
+        if only is not None and self.replica_id not in only:
+            return None
+        return Answered(self.replica_id, call())
 
     async def apply_pauses(self, state: PauseState) -> None:
         """Make this engine's pauses `state`: the facade's, told whole when this replica missed a change."""

@@ -88,6 +88,16 @@ class WireProgress:
 
 
 @dataclass(frozen=True)
+class Answered:
+    """A replica's answer to a queue call sent to every replica, with who gave it: Serve's
+    broadcast silently skips a replica it finds busy for a moment, so the facade asks again the
+    replicas it did not hear from (serve/queue_control.py)."""
+
+    replica_id: str
+    value: object = None
+
+
+@dataclass(frozen=True)
 class ReplicaDescription:
     """What one replica serves; every replica of a deployment describes the same thing."""
 

@@ -56,6 +56,16 @@ def engine():
         yield engine
 
 
+@pytest.fixture(autouse=True)
+def no_pause_left_behind(engine):
+    """A test that fails midway must not leave the next one a paused queue or engine."""
+    yield
+    for session in engine.pause_state.sessions:
+        engine.resume_queue(session)
+    if engine.pause_state.engine:
+        engine.resume_engine()
+
+
 def _admitted(engine, params: GenerationParams, session: str):
     """Submit, and wait until the replica's engine has queued it (so the next one is routed after)."""
     handle = engine.submit(params, session_id=session)
@@ -348,6 +358,5 @@ def test_a_killed_replicas_requests_run_again_on_the_other_and_each_caller_gets_
         assert fresh.images[0].tobytes() == handle.last_event.images[0].tobytes()
 
     after = engine.submit(GenerationParams(prompt="after the kill", num_inference_steps=4), session_id="after")
-    assert isinstance(after.result(timeout=60), Completed)
-    assert engine.replica_of(after.request_id) == survivor
+    assert isinstance(after.result(timeout=60), Completed)  # on the survivor, or on Serve's replacement by now
     assert engine.requests_in_flight == 0

@@ -1,0 +1,110 @@
+"""Queue calls with replicas reach every replica even when Serve's broadcast skips one.
+
+Serve's router sends a broadcast to the replicas it holds as available and silently skips one it
+finds busy for a moment (ActorUnavailableError): a clear then counted (and cleared) one replica's
+requests only. The facade (serve/queue_control.py) asks again, and only, the replicas its board
+knows that did not answer. Here a stand-in for the deployment handle skips a chosen replica once;
+the replicas are the real `EngineReplica` queue methods over real local engines. Needs the `serve`
+extra.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install -e '.[serve]')")
+
+from engine import CLEAR_REASON, Aborted, Engine, GenerationParams  # noqa: E402
+from pipelines.toy import ToyPipeline  # noqa: E402
+from serve.replica import EngineReplica  # noqa: E402
+from serve.replicated_engine import ReplicatedEngine  # noqa: E402
+from serve.wire import ReplicaDescription  # noqa: E402
+
+
+class _Answers:
+    def __init__(self, calls) -> None:
+        self.calls = calls
+
+    async def results_async(self, timeout_s: float, return_exceptions: bool):
+        return [await call for call in self.calls]
+
+
+class _SkippingHandle:
+    """`broadcast(method, ...)` to every replica but those in `skip` (each skipped once), as
+    Serve's router does with a replica it finds busy; `sent` logs (method, only, replicas reached)."""
+
+    def __init__(self, replicas: list[EngineReplica]) -> None:
+        self.replicas = replicas
+        self.skip: set[str] = set()
+        self.sent: list[tuple[str, frozenset | None, list[str]]] = []
+
+    @property
+    def describe(self):
+        return self
+
+    async def remote(self) -> ReplicaDescription:  # describe.remote(): as every replica answers it
+        engine = self.replicas[0].engine
+        return ReplicaDescription(
+            infos=dict(engine.infos), limits={"toy": engine.limits_for("toy")}, mode=engine.mode,
+            max_batch_requests=engine.max_batch_requests, unit_cost=engine.unit_cost, with_unknown_words=frozenset())
+
+    def broadcast(self, method: str, *args, **kwargs) -> _Answers:
+        if method == "report":
+            return _Answers([replica.report() for replica in self.replicas])
+        reached = [replica for replica in self.replicas if replica.replica_id not in self.skip]
+        self.skip = set()
+        self.sent.append((method, kwargs.get("only"), [replica.replica_id for replica in reached]))
+        return _Answers([getattr(replica, method)(*args, **kwargs) for replica in reached])
+
+
+def _replica(replica_id: str) -> EngineReplica:
+    replica = EngineReplica.__new__(EngineReplica)  # without Serve's replica context: only the queue calls
+    replica.replica_id, replica.label, replica.device = replica_id, f"replica {replica_id}", "cpu"
+    replica.engine = Engine(ToyPipeline(step_delay_s=0.01)).start()
+    return replica
+
+
+@pytest.fixture
+def replicas():
+    replicas = [_replica("r0"), _replica("r1")]
+    handle = _SkippingHandle(replicas)
+    facade = ReplicatedEngine(handle, refresh_s=3600, call_timeout_s=5.0).start()  # one report round, at start
+    try:
+        yield facade, handle, replicas
+    finally:
+        facade.close()
+        for replica in replicas:
+            replica.engine.close()
+
+
+def test_a_clear_that_serve_skips_a_replica_for_is_sent_again_to_that_replica_alone(replicas):
+    facade, handle, (r0, r1) = replicas
+    handle.skip = {"r1"}
+    facade.pause_queue("q")
+    assert handle.sent == [("pause_queue", None, ["r0"]), ("pause_queue", frozenset({"r1"}), ["r0", "r1"])]
+    assert r0.engine.pause_reason("q") == r1.engine.pause_reason("q") == "session"
+    assert r0.engine.pause_state.ends_at("q") == r1.engine.pause_state.ends_at("q") == facade.pause_state.ends_at("q")
+
+    held = [r0.engine.submit(GenerationParams(prompt="held", num_inference_steps=50), session_id="q"),
+            r1.engine.submit(GenerationParams(prompt="held", num_inference_steps=50), session_id="q"),
+            r1.engine.submit(GenerationParams(prompt="held", num_inference_steps=50), session_id="q")]
+    handle.skip, handle.sent = {"r1"}, []
+    assert facade.clear_queue("q") == 3  # r0's one, then r1's two when asked again
+    assert handle.sent == [("clear_queue", None, ["r0"]), ("clear_queue", frozenset({"r1"}), ["r0", "r1"])]
+    assert [request.result(timeout=30) for request in held] == [Aborted(CLEAR_REASON, cause="cancelled")] * 3
+
+    handle.sent = []
+    facade.resume_queue("q")  # nothing skipped: one broadcast
+    assert handle.sent == [("resume_queue", None, ["r0", "r1"])]
+    assert r0.engine.pause_reason("q") == r1.engine.pause_reason("q") == ""
+
+
+def test_a_replica_gone_from_the_board_is_not_waited_for(replicas):
+    facade, handle, (r0, r1) = replicas
+    facade._board.forget("r1")  # known dead: the call ends with the replicas that are left
+    handle.skip = {"r1"}
+    facade.pause_engine()
+    assert handle.sent == [("pause_engine", None, ["r0"])]
+    assert r0.engine.pause_state.engine and not r1.engine.pause_state.engine
+    facade.resume_engine()
+    assert not r0.engine.pause_state.engine
