@@ -12,6 +12,7 @@ Imports no torch: it only calls methods of the tensors the pipeline hands it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from pipelines.interface import (
     BatchedImageEncoding,
     BatchedPromptEncoding,
     RequestState,
+    StagedComponents,
     StepPipeline,
 )
 
@@ -82,18 +84,19 @@ class ModelRunner:
         self.last_times = times
         errors: dict[str, RowResult] = {}
 
-        shared_encode_s = self._encode_prompts_together(scheduled.new)
-        for request in scheduled.new:
-            state = RequestState(request_id=request.request_id, params=request.params)
-            started = time.perf_counter()
-            try:
-                self.pipeline_of(state.params).prepare_encode(state)
-            except Exception as exc:  # noqa: BLE001 - isolate the failing request
-                log.exception("prepare_encode failed for %s", request.request_id)
-                errors[request.request_id] = _failure(request.request_id, "prepare_encode", exc)
-                continue
-            times.encode_s.append(shared_encode_s + time.perf_counter() - started)
-            self.states[request.request_id] = state
+        with _stage(self.pipeline_of(scheduled.new[0].params) if scheduled.new else None):
+            shared_encode_s = self._encode_prompts_together(scheduled.new)
+            for request in scheduled.new:
+                state = RequestState(request_id=request.request_id, params=request.params)
+                started = time.perf_counter()
+                try:
+                    self.pipeline_of(state.params).prepare_encode(state)
+                except Exception as exc:  # noqa: BLE001 - isolate the failing request
+                    log.exception("prepare_encode failed for %s", request.request_id)
+                    errors[request.request_id] = _failure(request.request_id, "prepare_encode", exc)
+                    continue
+                times.encode_s.append(shared_encode_s + time.perf_counter() - started)
+                self.states[request.request_id] = state
 
         rows = [self.states[r.request_id] for r in scheduled.batch if r.request_id not in errors]
         costs = {r.request_id: r.cost for r in scheduled.batch}
@@ -136,7 +139,9 @@ class ModelRunner:
         results = []
         for states in by_pipeline.values():
             pipeline = self.pipeline_of(states[0].params)
-            for state, images, seconds in self._decoded(pipeline, states):
+            with _stage(pipeline):
+                decoded = self._decoded(pipeline, states)
+            for state, images, seconds in decoded:
                 results.append(self._decode_result(pipeline, state, images, seconds))
                 self.states.pop(state.request_id, None)
         return RunnerOutput(rows=tuple(results), batch_size=0)
@@ -305,3 +310,9 @@ class ModelRunner:
 def _skipped_this_step(state: RequestState) -> bool:
     """Whether the forward that just ran reused this request's cached residual (before its step)."""
     return bool(state.skipped_steps) and state.skipped_steps[-1] == state.step_index
+
+
+def _stage(pipeline: StepPipeline | None):
+    """One encode or decode group's stage (StagedComponents): an offloaded text encoder or VAE
+    moves to the device once for the whole group."""
+    return pipeline.component_stage() if isinstance(pipeline, StagedComponents) else contextlib.nullcontext()

@@ -41,6 +41,7 @@ from PIL import Image
 
 from pipelines.attention import select_attention_backend
 from pipelines.cfg import CfgLayout, Row, linear_guidance
+from pipelines.component_placement import ComponentPlacement
 from pipelines.diffusers_api import check_relied_on
 from pipelines.image_encoding import ImageEncodingCache
 from pipelines.image_start import ImageStart
@@ -130,6 +131,10 @@ class DiffusersStepPipeline(ImageStart, BatchedPromptEncoder):
         self.studio = studio or StudioConfig()
         self.vae = pipe.vae
         self.denoiser = self._denoiser(pipe)
+        self.dtype = self.denoiser.dtype  # the serving dtype: the denoiser's, even when it stores float8
+        # Where the text encoders and VAE wait between uses (pipelines/memory_placement.py sets both).
+        self.placement = ComponentPlacement(device)
+        self.memory_plan = "resident"
         self.schedulers = self._offered_schedulers(pipe.scheduler)
         if scheduler is not None:
             check_scheduler_name("scheduler", scheduler, self.schedulers)
@@ -138,7 +143,7 @@ class DiffusersStepPipeline(ImageStart, BatchedPromptEncoder):
         self._checkpoint_scheduler = copy.deepcopy(pipe.scheduler)
         self.prompt_cache = PromptEmbeddingCache(self._encode_prompt_keys)
         self.image_cache = ImageEncodingCache(self._encode_images)
-        self.attention_backend = select_attention_backend(self.denoiser, device, self.denoiser.dtype)
+        self.attention_backend = select_attention_backend(self.denoiser, device, self.dtype)
         self.step_cache = None if self.block_stack is None else RowStepCache(self.block_stack)
         self.loras = RowLoras({
             f"{component}.{inner}": module
@@ -153,6 +158,7 @@ class DiffusersStepPipeline(ImageStart, BatchedPromptEncoder):
         path = Path(path)
         check_relied_on(cls.diffusers_class)
         pipe, device = load_diffusers_pipeline(cls.diffusers_class, path, options, cls.label, cls._load_kwargs)
+        # Built in host memory; the loader then places it on the device by its memory plan.
         return cls(pipe, device, path.name, read_studio_config(path), options.scheduler)
 
     @classmethod
@@ -179,8 +185,12 @@ class DiffusersStepPipeline(ImageStart, BatchedPromptEncoder):
     def load_lora(self, name: str, path: str | Path) -> None:
         """Serve the LoRA adapter in `path` as `name` (pipelines/lora_adapters.py; LoraFileError
         when it does not fit this model). Requests name it in GenerationParams.loras."""
-        self.loras.add(read_adapter(name, path, self.pipe, self._adapter_components()))
+        self.loras.add(read_adapter(name, path, self.pipe, self._adapter_components(), self.device))
         self.info = replace(self.info, loras=self.loras.names)
+
+    def component_stage(self):
+        """StagedComponents: components brought to the device stay until the stage ends."""
+        return self.placement.stage()
 
     @property
     def denoisers(self) -> tuple[torch.nn.Module, ...]:
@@ -252,7 +262,7 @@ class DiffusersStepPipeline(ImageStart, BatchedPromptEncoder):
         adapters (the hooks of pipelines/lora_rows.py, as in a denoiser forward)."""
         texts = [key.text if isinstance(key, AdaptedText) else key for key in keys]
         row_loras = [key.loras if isinstance(key, AdaptedText) else () for key in keys]
-        with self.loras.rows(row_loras, self.device, self.denoiser.dtype):
+        with self.loras.rows(row_loras, self.device, self.dtype), self.placement.using("text_encoders"):
             return self._encode_texts(texts)
 
     @abc.abstractmethod
@@ -325,7 +335,7 @@ class DiffusersStepPipeline(ImageStart, BatchedPromptEncoder):
         """One forward of `denoiser` over the CFG layout of `states`; one guided prediction each."""
         layout = CfgLayout.of(states)
         # Each row with its request's adapters (both rows of a CFG request), on shared base weights.
-        with self.loras.rows([row.state.params.loras for row in layout.rows], self.device, denoiser.dtype):
+        with self.loras.rows([row.state.params.loras for row in layout.rows], self.device, self.dtype):
             if self._runs_packed(layout.rows):
                 requests = None if self.step_cache is None else cached_requests(layout)
                 run = None if requests is None else self.step_cache.decisions(requests, self.loras.only_rows, id(denoiser))
@@ -417,7 +427,8 @@ class DiffusersStepPipeline(ImageStart, BatchedPromptEncoder):
 
     def _decode_latents(self, latents: torch.Tensor, output_type: str) -> list:
         """ONE VAE decode and postprocess of rows of VAE latents: one request's media per row."""
-        images = self.vae.decode(latents, return_dict=False)[0]
+        with self.placement.using("vae"):
+            images = self.vae.decode(latents, return_dict=False)[0]
         media = self.pipe.image_processor.postprocess(self._decoded(images), output_type=output_type)
         return [media[row : row + 1] for row in range(len(latents))]
 

@@ -211,7 +211,7 @@ class FluxStepPipeline(FlowMatchStepPipeline):
     # ------------------------------------------------------------------ decode and preview
     def _vae_latents(self, state: RequestState) -> torch.Tensor:
         latents = self._unpacked(state.latents, state.params)
-        return ((latents / self.vae.config.scaling_factor) + self.vae.config.shift_factor).to(self.vae.device)
+        return ((latents / self.vae.config.scaling_factor) + self.vae.config.shift_factor).to(self.device)
 
     def _render_preview(self, x0: torch.Tensor, params: GenerationParams) -> Image.Image:
         """The predicted x0 on the latent grid (height / vae_scale_factor), linearly mapped to RGB."""

@@ -33,7 +33,8 @@ class ImageStart:
     def _encode_images(self, images: list[Image.Image], height: int, width: int) -> list[Any]:
         """ONE VAE encoder call over same-size images: each one's latent distribution."""
         pixels = self.pipe.image_processor.preprocess(images, height=height, width=width)
-        moments = self.vae.encode(pixels.to(self.device, self.vae.dtype)).latent_dist.parameters
+        with self.placement.using("vae"):
+            moments = self.vae.encode(pixels.to(self.device, self.vae.dtype)).latent_dist.parameters
         return [DiagonalGaussianDistribution(row) for row in moments.split(1)]
 
     def _latents_from_image(self, state: RequestState) -> torch.Tensor:

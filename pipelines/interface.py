@@ -47,6 +47,8 @@ frames, in order, and its `preview` a LIST of small frames (one per latent frame
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Hashable, Literal, Protocol, Sequence, runtime_checkable
 
@@ -218,6 +220,17 @@ class BatchedDecoding(Protocol):
         """post_decode of requests that finished denoising in the same step, in as few VAE calls as
         their latent shapes allow; one result per state, in order. An optimisation only: when it
         raises, the runner decodes each request on its own."""
+
+
+@runtime_checkable
+class StagedComponents(Protocol):
+    """Optional part of the protocol, for pipelines whose text encoders or VAE may wait in host
+    memory (a memory plan, pipelines/component_placement.py)."""
+
+    def component_stage(self) -> "contextlib.AbstractContextManager[None]":
+        """The runner holds the encodes of a step's joining requests, and the decodes of its
+        finished ones, each inside one stage: a component brought to the device during the stage
+        stays there until it ends, so it moves once per group, never once per request."""
 
 
 def resolve_defaults(params: GenerationParams, defaults: ModelDefaults) -> GenerationParams:

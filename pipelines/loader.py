@@ -51,6 +51,11 @@ class LoadOptions:
     # The step-caching threshold of requests that do not say, for every model that caches steps
     # (pipelines/step_cache.py; 0 = off); None: each model's own (its stepstudio.json's, else off).
     step_cache: float | None = None
+    # Memory plan (pipelines/memory_plan.py): "auto", "resident", "offload", "fp8" or "lowvram".
+    memory: str = "auto"
+    # The engine's rows x tokens per forward that the plan must leave room for; None: the
+    # engine's default (8 requests of the model's default size, with room for CFG rows).
+    batch_tokens: int | None = None
 
 
 def resolve_device_dtype(options: LoadOptions):
@@ -83,7 +88,7 @@ def load_diffusers_pipeline(pipeline_class, path: Path, options: LoadOptions, fa
             f"a complete {pipeline_class.__name__}.save_pretrained() folder with safetensors weights."
         ) from exc
     pipe.set_progress_bar_config(disable=True)
-    return pipe.to(device), device
+    return pipe, device  # in host memory: `place_by_plan` puts it on the device
 
 
 def read_model_index(path: Path) -> dict:
@@ -111,8 +116,15 @@ def family_class(class_name: str):
 
 def load_pipeline(model: str | None = None, options: LoadOptions | None = None) -> StepPipeline:
     """`model`: None or "builtin" (the shipped shapes model), "builtin-video" (the shipped video
-    model), "toy", a local folder, or a hub id."""
+    model), "toy", a local folder, or a hub id. Placed on the device by `options.memory`."""
     options = options or LoadOptions()
+    pipeline = _load_in_host_memory(model, options)
+    _place(pipeline, options)
+    return pipeline
+
+
+def _load_in_host_memory(model: str | None, options: LoadOptions) -> StepPipeline:
+    """The pipeline, before its memory plan places it (a model of one's own is placed already)."""
     if options.prompt_cache_size < 0:
         raise ValueError(f"prompt_cache_size={options.prompt_cache_size} must be 0 (no cache) or more.")
     if model == "toy":
@@ -127,8 +139,6 @@ def load_pipeline(model: str | None = None, options: LoadOptions | None = None) 
             path = _download(model)
         class_name = read_model_index(path).get("_class_name")
         pipeline = family_class(class_name).from_pretrained(path, options)
-        if options.compile_denoiser:
-            compile_denoiser(pipeline)
     if options.step_cache is not None:
         set_default_step_cache(pipeline, options.step_cache)
     prompt_cache = getattr(pipeline, "prompt_cache", None)  # a pipeline of one's own may have none
@@ -140,9 +150,36 @@ def load_pipeline(model: str | None = None, options: LoadOptions | None = None) 
 def load_models(models: tuple[str, ...], options: LoadOptions | None = None) -> list[StepPipeline]:
     """Every model, in order (the first is the engine's default), each with its LoRA adapters."""
     options = options or LoadOptions()
-    pipelines = [load_pipeline(model, options) for model in models]
-    attach_adapters(pipelines, options)
+    pipelines = [_load_in_host_memory(model, options) for model in models]
+    attach_adapters(pipelines, options)  # before the plan: an adapter reads its layers' serving dtype
+    for pipeline in pipelines:
+        _place(pipeline, options)
     return pipelines
+
+
+def _place(pipeline: StepPipeline, options: LoadOptions) -> None:
+    place_by_plan(pipeline, options)
+    if options.compile_denoiser and hasattr(pipeline, "placement"):  # after the plan's hooks
+        compile_denoiser(pipeline)
+
+
+def place_by_plan(pipeline: StepPipeline, options: LoadOptions) -> None:
+    """Place a diffusers family's components by `options.memory` (`pipeline.memory_choice`: the
+    plan and token limit chosen on CUDA, else None). A pipeline without components to place
+    (toy, one's own) takes only "auto" or "resident"."""
+    from pipelines.memory_plan import MEMORY_CHOICES
+
+    if options.memory not in MEMORY_CHOICES:
+        raise ValueError(f"memory={options.memory!r} is not one of {', '.join(MEMORY_CHOICES)}.")
+    if not hasattr(pipeline, "placement"):
+        if options.memory not in ("auto", "resident"):
+            raise ValueError(f"{pipeline.info.name} keeps its own memory: only --memory auto or resident applies.")
+        pipeline.memory_choice = None
+        return
+    from pipelines.memory_placement import default_tokens, plan_and_place
+
+    batch_tokens = options.batch_tokens or 8 * 2 * default_tokens(pipeline)  # the engine's default limit
+    pipeline.memory_choice = plan_and_place(pipeline, options.memory, batch_tokens)
 
 
 def attach_adapters(pipelines: list[StepPipeline], options: LoadOptions) -> None:

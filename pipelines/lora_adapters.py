@@ -72,10 +72,12 @@ def is_text_encoder(component: str) -> bool:
     return component.startswith("text_encoder")
 
 
-def read_adapter(name: str, path: str | Path, pipe: Any, components: dict[str, nn.Module]) -> LoraAdapter:
+def read_adapter(name: str, path: str | Path, pipe: Any, components: dict[str, nn.Module],
+                 device: torch.device | None = None, dtype: torch.dtype | None = None) -> LoraAdapter:
     """The adapter in `path` for the diffusers pipeline `pipe`; `components`: the models an
     adapter may change, by their pipeline component name ("transformer", "unet", "transformer_2",
-    "text_encoder", "text_encoder_2"). Raises LoraFileError."""
+    "text_encoder", "text_encoder_2"). Its weights are kept on `device` in `dtype` (default: each
+    layer's own): on the device the forwards run on, wherever a memory plan keeps the model's. Raises LoraFileError."""
     path = Path(path)
     if not path.is_file():
         raise LoraFileError(f"LoRA {name!r}: {path} is not a file.")
@@ -93,8 +95,8 @@ def read_adapter(name: str, path: str | Path, pipe: Any, components: dict[str, n
         scale = _scaling(module_name, component, file_inner, down.shape[0], alphas, metadata)
         weight = module.weight
         modules[module_name] = LoraWeights(
-            down=down.to(weight.device, weight.dtype),
-            up=(up.float() * scale).to(weight.device, weight.dtype),
+            down=down.to(device or weight.device, dtype or weight.dtype),
+            up=(up.float() * scale).to(device or weight.device, dtype or weight.dtype),
         )
     if not modules:
         raise LoraFileError(f"LoRA {name!r}: {path.name} holds no LoRA weights.")

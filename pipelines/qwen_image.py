@@ -153,7 +153,8 @@ class QwenImageStepPipeline(FlowMatchStepPipeline):
     def _encode_images(self, images: list[Image.Image], height: int, width: int) -> list[DiagonalGaussianDistribution]:
         """ONE encoder call of the video VAE, each picture a one-frame video [3, 1, H, W]."""
         pixels = self.pipe.image_processor.preprocess(images, height=height, width=width)[:, :, None]
-        moments = self.vae.encode(pixels.to(self.device, self.vae.dtype)).latent_dist.parameters
+        with self.placement.using("vae"):
+            moments = self.vae.encode(pixels.to(self.device, self.vae.dtype)).latent_dist.parameters
         return [DiagonalGaussianDistribution(row) for row in moments.split(1)]
 
     def _image_latents(self, state: RequestState, encoding: DiagonalGaussianDistribution) -> torch.Tensor:
