@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from pipelines.lora_files import LoraOption
+from pipelines.memory_plan import MEMORY_CHOICES, token_limit
 from studio.config import (
     MODES,
     StudioOptions,
@@ -85,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if available)")
     model.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                        help="weights dtype (default: bfloat16 on cuda, float32 on cpu)")
+    model.add_argument("--memory", default=defaults.memory, choices=MEMORY_CHOICES,
+                       help="how the model shares the GPU's memory: resident (all on the GPU), offload (text encoders "
+                            "and VAE in host memory, moved for batched encodes and decodes), fp8 (offload, the "
+                            "denoiser stored in float8), lowvram (fp8, its blocks moved in turn); auto: the fastest "
+                            "that fits the free memory (default; on a CPU everything is in host memory already)")
     model.add_argument("--compile", action="store_true",
                        help="torch.compile the transformer/UNet and warm it up at the model's default size "
                             "before serving (slower start, faster steps on GPU)")
@@ -187,7 +193,7 @@ def config_from_args(args: argparse.Namespace) -> StudioOptions:
         share=args.share, auth=parse_auth(args.auth), preview_every=args.preview_every, max_steps=args.max_steps,
         max_size=args.max_size, max_per_session=args.max_per_session, max_branches=args.max_branches,
         show_prompts=args.show_prompts, max_session_cost=args.max_session_cost,
-        outputs=None if args.no_save else args.outputs, resume_max_age_s=args.resume_max_age, device=args.device, dtype=args.dtype, compile=args.compile, prompt_cache=args.prompt_cache,
+        outputs=None if args.no_save else args.outputs, resume_max_age_s=args.resume_max_age, device=args.device, dtype=args.dtype, memory=args.memory, compile=args.compile, prompt_cache=args.prompt_cache,
         step_cache=args.step_cache,
         loras=tuple(LoraOption.parse(text) for text in args.lora or []), lora_folder=args.loras,
         api_keys=tuple([parse_api_key(text) for text in args.api_key or []]
@@ -203,7 +209,8 @@ def load_options(config: StudioOptions):
 
     return LoadOptions(device=config.device, dtype=config.dtype, compile_denoiser=config.compile,
                        prompt_cache_size=config.prompt_cache, loras=config.loras,
-                       lora_folders=(str(BUILTIN_LORA_DIR), config.lora_folder), step_cache=config.step_cache)
+                       lora_folders=(str(BUILTIN_LORA_DIR), config.lora_folder), step_cache=config.step_cache,
+                       memory=config.memory, batch_tokens=config.max_tokens, batch_requests=config.max_batch)
 
 
 def _check_builtin(model: str) -> None:
@@ -228,10 +235,19 @@ def load_model(config: StudioOptions, model: str | None = None):
 
 def load_models(config: StudioOptions) -> list:
     """Every configured model, in order (the first is the engine's default), with its adapters."""
-    from pipelines.loader import attach_adapters
+    from pipelines.loader import attach_adapters, resolve_device_dtype
 
+    options = load_options(config)
+    device, _ = resolve_device_dtype(options)
+    if device.type != "cuda" and config.memory not in ("auto", "resident"):
+        raise ValueError(f"--memory {config.memory} is for a GPU's memory: on {device.type} every component is in "
+                         "host memory already. Leave --memory out (auto keeps everything resident there).")
     pipelines = [load_model(config, model) for model in config.models]
-    attach_adapters(pipelines, load_options(config))
+    attach_adapters(pipelines, options)
+    for pipeline in pipelines:
+        choice = getattr(pipeline, "memory_choice", None)
+        if choice is not None:
+            log.info("%s: %s", pipeline.info.name, choice.describe())
     return pipelines
 
 
@@ -299,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     from studio.app import build_app
 
     engine = Engine(pipelines, mode=config.mode, max_batch_requests=config.max_batch, limits=config.limits,
-                    max_batch_tokens=config.max_tokens).start()
+                    max_batch_tokens=token_limit(config.max_tokens, pipelines)).start()
     if config.compile:
         from engine import warm_up
 

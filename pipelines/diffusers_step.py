@@ -185,7 +185,9 @@ class DiffusersStepPipeline(ImageStart, BatchedPromptEncoder):
     def load_lora(self, name: str, path: str | Path) -> None:
         """Serve the LoRA adapter in `path` as `name` (pipelines/lora_adapters.py; LoraFileError
         when it does not fit this model). Requests name it in GenerationParams.loras."""
-        self.loras.add(read_adapter(name, path, self.pipe, self._adapter_components(), self.device))
+        stored_in_fp8 = self.memory_plan in ("fp8", "lowvram")  # its layers' own dtype is float8: use the serving one
+        self.loras.add(read_adapter(name, path, self.pipe, self._adapter_components(), self.device,
+                                    self.dtype if stored_in_fp8 else None))
         self.info = replace(self.info, loras=self.loras.names)
 
     def component_stage(self):

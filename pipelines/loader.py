@@ -54,8 +54,9 @@ class LoadOptions:
     # Memory plan (pipelines/memory_plan.py): "auto", "resident", "offload", "fp8" or "lowvram".
     memory: str = "auto"
     # The engine's rows x tokens per forward that the plan must leave room for; None: the
-    # engine's default (8 requests of the model's default size, with room for CFG rows).
+    # engine's default (batch_requests requests of the model's default size, room for CFG rows).
     batch_tokens: int | None = None
+    batch_requests: int = 8
 
 
 def resolve_device_dtype(options: LoadOptions):
@@ -151,7 +152,7 @@ def load_models(models: tuple[str, ...], options: LoadOptions | None = None) -> 
     """Every model, in order (the first is the engine's default), each with its LoRA adapters."""
     options = options or LoadOptions()
     pipelines = [_load_in_host_memory(model, options) for model in models]
-    attach_adapters(pipelines, options)  # before the plan: an adapter reads its layers' serving dtype
+    attach_adapters(pipelines, options)
     for pipeline in pipelines:
         _place(pipeline, options)
     return pipelines
@@ -178,7 +179,7 @@ def place_by_plan(pipeline: StepPipeline, options: LoadOptions) -> None:
         return
     from pipelines.memory_placement import default_tokens, plan_and_place
 
-    batch_tokens = options.batch_tokens or 8 * 2 * default_tokens(pipeline)  # the engine's default limit
+    batch_tokens = options.batch_tokens or options.batch_requests * 2 * default_tokens(pipeline)  # the engine's default
     pipeline.memory_choice = plan_and_place(pipeline, options.memory, batch_tokens)
 
 

@@ -6,8 +6,8 @@ plan is chosen, and `place` moves what the plan keeps on the device:
     resident   the whole diffusers pipeline to the device
     offload    the denoiser(s) to the device; text encoders and VAE stay in host memory in a
                `ComponentPlacement` (pipelines/component_placement.py)
-    fp8        offload, after diffusers' `enable_layerwise_casting` stored the denoiser's
-               castable layers in float8_e4m3fn (computed in the serving dtype)
+    fp8        offload, after diffusers' layerwise casting stored the castable layers of the
+               denoiser and the text encoders in float8_e4m3fn (computed in the serving dtype)
     lowvram    fp8, and diffusers' `enable_group_offload` (block level, one block per group, on
                a side stream on CUDA) keeps the denoiser's blocks in host memory too
 
@@ -21,7 +21,7 @@ import logging
 import re
 
 import torch
-from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
+from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN, apply_layerwise_casting
 
 from pipelines.component_placement import ComponentPlacement
 from pipelines.memory_plan import GIB, ModelBytes, PlanChoice, PlanDoesNotFit, choose_plan, usable
@@ -29,7 +29,11 @@ from pipelines.memory_plan import GIB, ModelBytes, PlanChoice, PlanDoesNotFit, c
 log = logging.getLogger(__name__)
 
 FP8_STORAGE = torch.float8_e4m3fn
-CASTABLE = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+# What layerwise casting stores in float8 (diffusers' supported layers); a text encoder keeps its
+# embeddings: transformers reads a model's dtype from its first parameter, an embedding's.
+CASTABLE = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose1d,
+            torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d, torch.nn.Embedding)
+TEXT_ENCODER_KEEPS = (torch.nn.Embedding,)
 
 
 def module_bytes(module: torch.nn.Module | None) -> int:
@@ -38,24 +42,44 @@ def module_bytes(module: torch.nn.Module | None) -> int:
     return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
 
 
-def _fp8_bytes(module: torch.nn.Module, skip: tuple[str, ...], prefix: str = "") -> int:
-    """`module`'s bytes once its castable layers (as layerwise casting picks them) store float8."""
-    total = module_bytes(module)
-    for name, layer in module.named_modules():
-        full = f"{prefix}{name}" if name else prefix.rstrip(".")
-        if isinstance(layer, CASTABLE) and not any(re.search(pattern, full) for pattern in skip):
-            total -= sum(p.numel() * (p.element_size() - 1) for p in layer.parameters(recurse=False))
-    return total
+def _cast_layers(module: torch.nn.Module, skip: tuple[str, ...], keep: tuple[type, ...] = (),
+                 prefix: str = "") -> list[torch.nn.Module]:
+    """The layers layerwise casting stores in float8 (`skip`: name patterns, `keep`: classes)."""
+    return [layer for name, layer in module.named_modules()
+            if isinstance(layer, CASTABLE) and not isinstance(layer, keep)
+            and not any(re.search(pattern, f"{prefix}{name}" if name else prefix.rstrip(".")) for pattern in skip)]
+
+
+def _fp8_bytes(module: torch.nn.Module, skip: tuple[str, ...], keep: tuple[type, ...] = (), prefix: str = "") -> int:
+    """`module`'s bytes once its castable layers store float8."""
+    cast = _cast_layers(module, skip, keep, prefix)
+    return module_bytes(module) - sum(p.numel() * (p.element_size() - 1) for layer in cast
+                                      for p in layer.parameters(recurse=False))
+
+
+def casts_in_fp8(text_encoder: torch.nn.Module) -> bool:
+    """Whether the fp8 plans store this text encoder in float8: only when its first parameter
+    (what transformers reports as its dtype, and diffusers casts the prompt embeddings to) stays."""
+    first = next(iter(text_encoder.parameters()), None)
+    cast = _cast_layers(text_encoder, _text_encoder_skips(text_encoder), TEXT_ENCODER_KEEPS)
+    return first is not None and not any(first is p for layer in cast for p in layer.parameters(recurse=False))
 
 
 def _skip_patterns(denoiser: torch.nn.Module) -> tuple[str, ...]:
     return tuple(getattr(denoiser, "_skip_layerwise_casting_patterns", None) or DEFAULT_SKIP_MODULES_PATTERN)
 
 
+def _text_encoder_skips(text_encoder: torch.nn.Module) -> tuple[str, ...]:
+    """Layers a text encoder keeps in the serving dtype: diffusers' defaults, and the modules the
+    model keeps in float32 (T5's `wo`, whose weight dtype its own code casts activations to)."""
+    keep = tuple(getattr(text_encoder, "_keep_in_fp32_modules", None) or ())
+    return DEFAULT_SKIP_MODULES_PATTERN + tuple(rf"(^|\.){re.escape(name)}$" for name in keep)
+
+
 def offloadable_groups(pipeline) -> dict[str, list[torch.nn.Module]]:
     """The components a denoise forward never uses, by group: the text encoders, the VAE."""
     pipe = pipeline.pipe
-    text_encoders = [module for name, module in vars(pipe).items()
+    text_encoders = [module for name, module in pipe.components.items()
                      if name.startswith("text_encoder") and isinstance(module, torch.nn.Module)]
     return {"text_encoders": text_encoders, "vae": [pipe.vae] if pipe.vae is not None else []}
 
@@ -70,7 +94,7 @@ def measure(pipeline, activation_per_token: int = 0) -> ModelBytes:
         model_fp8 = _fp8_bytes(model, skip)
         blocks = [(f"{name}.{index}.", block) for name, child in model.named_children()
                   if isinstance(child, torch.nn.ModuleList) for index, block in enumerate(child)]
-        block_sizes = [_fp8_bytes(block, skip, prefix) for prefix, block in blocks]
+        block_sizes = [_fp8_bytes(block, skip, prefix=prefix) for prefix, block in blocks]
         fp8 += model_fp8
         largest_block = max([largest_block, *block_sizes])
         outside += model_fp8 - sum(block_sizes)
@@ -78,6 +102,8 @@ def measure(pipeline, activation_per_token: int = 0) -> ModelBytes:
     return ModelBytes(
         denoiser=denoiser, denoiser_fp8=fp8, largest_block_fp8=largest_block, denoiser_outside_blocks_fp8=outside,
         text_encoders=sum(module_bytes(m) for m in groups["text_encoders"]),
+        text_encoders_fp8=sum(_fp8_bytes(m, _text_encoder_skips(m), TEXT_ENCODER_KEEPS) if casts_in_fp8(m)
+                              else module_bytes(m) for m in groups["text_encoders"]),
         vae=sum(module_bytes(m) for m in groups["vae"]), activation_per_token=activation_per_token)
 
 
@@ -88,6 +114,10 @@ def place(pipeline, plan: str) -> None:
         pipeline.pipe.to(device)
         pipeline.placement = ComponentPlacement(device)
     else:
+        if plan in ("fp8", "lowvram"):
+            for text_encoder in filter(casts_in_fp8, offloadable_groups(pipeline)["text_encoders"]):
+                apply_layerwise_casting(text_encoder, FP8_STORAGE, text_encoder.dtype, _text_encoder_skips(text_encoder),
+                                        TEXT_ENCODER_KEEPS)
         for denoiser in pipeline.denoisers:
             if plan in ("fp8", "lowvram"):
                 denoiser.enable_layerwise_casting(storage_dtype=FP8_STORAGE, compute_dtype=pipeline.dtype)

@@ -3,8 +3,9 @@
     resident   every component on the device (fastest; what a large card runs)
     offload    the denoiser on the device; text encoders and VAE in host memory, brought to the
                device for each batched encode or decode (pipelines/component_placement.py)
-    fp8        offload, and the denoiser's weights stored in float8 (e4m3), computed in the
-               serving dtype layer by layer (diffusers' layerwise casting): half the bytes
+    fp8        offload, and the weights of the denoiser and the text encoders stored in float8
+               (e4m3), computed in the serving dtype layer by layer (diffusers' layerwise
+               casting): half the bytes
     lowvram    fp8, and the denoiser's blocks in host memory too, each brought to the device for
                its turn in the forward (diffusers' block-level group offloading): the slowest
 
@@ -35,6 +36,7 @@ class ModelBytes:
     largest_block_fp8: int  # the largest transformer block in float8 (lowvram holds two at a time)
     denoiser_outside_blocks_fp8: int  # embedders, norms, projections: on the device under lowvram
     text_encoders: int
+    text_encoders_fp8: int
     vae: int
     activation_per_token: int  # a denoise forward's peak above the weights, per latent token
     encode_peak: int = 0  # a batched encode's activations
@@ -59,8 +61,9 @@ class ModelBytes:
         forward = self.activation_per_token * tokens
         if plan == "resident":
             return self.weights_on_device(plan) + max(forward, self.encode_peak, self.decode_peak)
+        text_encoders = self.text_encoders if plan == "offload" else self.text_encoders_fp8
         return self.weights_on_device(plan) + max(
-            forward, self.text_encoders + self.vae + self.encode_peak, self.vae + self.decode_peak)
+            forward, text_encoders + self.vae + self.encode_peak, self.vae + self.decode_peak)
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,14 @@ class PlanChoice:
 
 class PlanDoesNotFit(ValueError):
     """No plan fits even one request (or the plan asked for does not fit): the message says what would."""
+
+
+def token_limit(asked: int | None, pipelines) -> int | None:
+    """The engine's token limit: the one asked for (None: the engine's default), lowered to the
+    least a memory plan chosen at load left room for (`pipeline.memory_choice`)."""
+    lowered = [choice.max_tokens for choice in (getattr(p, "memory_choice", None) for p in pipelines)
+               if choice is not None and choice.lowered]
+    return min([*lowered, *([asked] if asked else [])]) if lowered else asked
 
 
 def usable(free: int) -> int:

@@ -34,6 +34,7 @@ from typing import AsyncIterator
 from ray import serve
 
 from engine import AdmissionError, Engine, GenerationParams, PauseState, PreparedRequest, warm_up
+from pipelines.memory_plan import token_limit
 from serve.settings import ReplicaSettings
 from serve.wire import (
     Admitted,
@@ -72,6 +73,7 @@ def build_pipelines(settings: ReplicaSettings) -> list:
     from pipelines.loader import BUILTIN_LORA_DIR, LoadOptions, load_models
 
     options = LoadOptions(device=settings.device, dtype=settings.dtype, compile_denoiser=settings.compile,
+                          memory=settings.memory, batch_tokens=settings.max_tokens, batch_requests=settings.max_batch,
                           prompt_cache_size=settings.prompt_cache, loras=settings.loras,
                           lora_folders=(str(BUILTIN_LORA_DIR), settings.lora_folder), step_cache=settings.step_cache)
     return load_models((settings.model, *settings.more_models), options)
@@ -87,7 +89,7 @@ class EngineReplica:
         pipelines = build_pipelines(settings)
         self.device = str(getattr(pipelines[0], "device", settings.device or "cpu"))
         self.engine = Engine(pipelines, mode=settings.mode, max_batch_requests=settings.max_batch,
-                             limits=settings.limits, max_batch_tokens=settings.max_tokens).start()
+                             limits=settings.limits, max_batch_tokens=token_limit(settings.max_tokens, pipelines)).start()
         if settings.compile:
             defaults = self.engine.info.defaults
             warm_up(self.engine, [(defaults.width, defaults.height)])

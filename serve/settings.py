@@ -28,6 +28,7 @@ class ReplicaSettings:
     device: str | None = None  # None: cuda when the replica sees a GPU, else cpu
     dtype: str | None = None
     compile: bool = False
+    memory: str = "auto"  # pipelines.loader.LoadOptions.memory (each replica chooses for its own GPU)
     prompt_cache: int = 32
     step_cache: float | None = None  # pipelines.loader.LoadOptions.step_cache
     mode: str = "step"
@@ -85,7 +86,7 @@ def replica_settings_for(options: StudioOptions, torch_threads: int | None = Non
     """The replica side of the studio's options (model, device, engine, limits)."""
     return ReplicaSettings(
         model=options.model, more_models=tuple(getattr(options, "more_models", ())), device=options.device, dtype=options.dtype, compile=options.compile,
-        prompt_cache=options.prompt_cache, step_cache=getattr(options, "step_cache", None), mode=options.mode, max_batch=options.max_batch, max_tokens=getattr(options, "max_tokens", None), limits=options.limits,
+        memory=getattr(options, "memory", "auto"), prompt_cache=options.prompt_cache, step_cache=getattr(options, "step_cache", None), mode=options.mode, max_batch=options.max_batch, max_tokens=getattr(options, "max_tokens", None), limits=options.limits,
         torch_threads=torch_threads, pin_cpus=pin_cpus, loras=tuple(getattr(options, "loras", ())),
         lora_folder=getattr(options, "lora_folder", "loras"),
     )

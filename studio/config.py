@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine import ServingLimits
+from pipelines.memory_plan import MEMORY_CHOICES
 from pipelines.params import MAX_STEP_CACHE
 
 MODES = ("step", "request")
@@ -96,6 +97,7 @@ class StudioOptions:
     device: str | None = None
     dtype: str | None = None
     compile: bool = False  # torch.compile the denoiser, then warm up at the model's default size
+    memory: str = "auto"  # the memory plan (pipelines/memory_plan.py): auto, resident, offload, fp8, lowvram
     prompt_cache: int = 32  # prompt embeddings kept for reuse (0 = off)
     # Step caching's threshold for requests that do not say (pipelines/step_cache.py; 0 = off);
     # None: each model's own default (its stepstudio.json's).
@@ -110,6 +112,8 @@ class StudioOptions:
     shutdown_timeout_s: float = 5.0  # SIGTERM: how long in-flight calls get to be answered
 
     def __post_init__(self) -> None:
+        if self.memory not in MEMORY_CHOICES:
+            raise ValueError(f"memory={self.memory!r} must be one of {', '.join(MEMORY_CHOICES)}.")
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r} is not supported: use one of {', '.join(MODES)}.")
         for name in ("max_batch", "max_steps", "max_per_session", "max_branches", "preview_max_px", "temp_file_ttl_s"):

@@ -22,7 +22,8 @@ from pipelines.memory_placement import FP8_STORAGE
 
 STEPS = 4
 # fp8 (e4m3) keeps 3 mantissa bits: the built-in model's latents differ from resident's by at most
-# this relative RMS at any step (measured 0.014-0.064 over 4 steps on three prompts).
+# this relative RMS at any step (measured 0.015-0.054 over 4 steps on three prompts, text encoders
+# in float8 too).
 FP8_RELATIVE_TOLERANCE = 0.1
 
 
@@ -53,8 +54,8 @@ def resident():
 
 @pytest.fixture(scope="module")
 def requests():
-    return [_params("a red circle on a blue background, top left", 1),
-            _params("a small green triangle on a white background", 2),
+    return [_params("a small red circle on a blue background, top left", 1),  # the built-in model's prompt form
+            _params("a small green triangle on a white background, center", 2),
             _params("a large yellow square on a black background, bottom", 3)]
 
 
@@ -96,12 +97,13 @@ def test_every_plans_picture_through_the_engine(resident):
     for plan in ("resident", "offload", "fp8"):
         (pipeline,) = load_models(("builtin",), LoadOptions(memory=plan))
         with contextlib.closing(Engine(pipeline).start()) as engine:
-            handles = [engine.submit(_params(f"a red circle on a blue background, {where}", seed))
-                       for seed, where in enumerate(("top left", "center", "bottom right"))]
+            handles = [engine.submit(_params(f"a small red circle on a blue background, {where}", seed))
+                       for seed, where in enumerate(("top left", "center", "bottom"))]
             pictures[plan] = [torch.from_numpy(np.asarray(h.result(timeout=120).images[0], dtype=np.float32))
                               for h in handles]
     assert all(torch.equal(a, b) for a, b in zip(pictures["offload"], pictures["resident"]))
-    assert max((a - b).abs().mean().item() for a, b in zip(pictures["fp8"], pictures["resident"])) < 4.0
+    fp8_change = max((a - b).abs().mean().item() for a, b in zip(pictures["fp8"], pictures["resident"]))
+    assert 0 < fp8_change < 2.0, fp8_change  # levels of 255, on average over the picture
 
 
 def test_the_engine_moves_each_offloaded_component_once_per_encode_or_decode_group():
