@@ -86,8 +86,12 @@ def offloadable_groups(pipeline) -> dict[str, list[torch.nn.Module]]:
 
 def measure(pipeline, activation_per_token: int = 0) -> ModelBytes:
     """The component sizes the plans are chosen by, read from the modules (in their load dtype)."""
-    denoisers = pipeline.denoisers
-    denoiser = sum(module_bytes(model) for model in denoisers)
+    groups = offloadable_groups(pipeline)
+    return measure_modules(pipeline.denoisers, groups["text_encoders"], groups["vae"], activation_per_token)
+
+
+def measure_modules(denoisers, text_encoders, vaes, activation_per_token: int = 0) -> ModelBytes:
+    """`measure` of modules (they may live on the meta device: only their shapes are read)."""
     fp8 = largest_block = outside = 0
     for model in denoisers:
         skip = _skip_patterns(model)
@@ -98,13 +102,12 @@ def measure(pipeline, activation_per_token: int = 0) -> ModelBytes:
         fp8 += model_fp8
         largest_block = max([largest_block, *block_sizes])
         outside += model_fp8 - sum(block_sizes)
-    groups = offloadable_groups(pipeline)
     return ModelBytes(
-        denoiser=denoiser, denoiser_fp8=fp8, largest_block_fp8=largest_block, denoiser_outside_blocks_fp8=outside,
-        text_encoders=sum(module_bytes(m) for m in groups["text_encoders"]),
+        denoiser=sum(module_bytes(model) for model in denoisers), denoiser_fp8=fp8, largest_block_fp8=largest_block,
+        denoiser_outside_blocks_fp8=outside, text_encoders=sum(module_bytes(m) for m in text_encoders),
         text_encoders_fp8=sum(_fp8_bytes(m, _text_encoder_skips(m), TEXT_ENCODER_KEEPS) if casts_in_fp8(m)
-                              else module_bytes(m) for m in groups["text_encoders"]),
-        vae=sum(module_bytes(m) for m in groups["vae"]), activation_per_token=activation_per_token)
+                              else module_bytes(m) for m in text_encoders),
+        vae=sum(module_bytes(m) for m in vaes), activation_per_token=activation_per_token)
 
 
 def place(pipeline, plan: str) -> None:

@@ -10,8 +10,8 @@
                its turn in the forward (diffusers' block-level group offloading): the slowest
 
 `auto` picks the fastest plan whose device memory fits the free memory with room for the
-activations of the engine's token limit, lowering that limit when no plan fits it whole
-(`choose_plan`, pure arithmetic on the figures measured at load: tested as a table).
+activations of the engine's token limit, lowering that limit when it must (`choose_plan`, pure
+arithmetic on the figures read at load: tested as a table).
 """
 
 from __future__ import annotations
@@ -97,21 +97,21 @@ def usable(free: int) -> int:
 
 
 def choose_plan(sizes: ModelBytes, free: int, max_tokens: int, min_tokens: int, plan: str = "auto") -> PlanChoice:
-    """The plan for a model with `sizes` on a device with `free` bytes free: the fastest whose peak
-    at `max_tokens` fits; else the fastest that fits at the most tokens it can hold, but at least
-    `min_tokens` (one request at the model's default size). `plan` other than "auto": that plan,
-    its limit lowered if it must. PlanDoesNotFit names the smallest plan and what it needs."""
+    """The plan for a model with `sizes` on a device with `free` bytes free, and the token limit
+    it leaves (at most `max_tokens`, at least `min_tokens`: one request at the model's defaults).
+    auto: the fastest plan that holds at least half of `max_tokens` (a faster plan with a somewhat
+    smaller batch beats a slower one: lowvram streams the denoiser's weights every step); failing
+    that, the fastest that holds one request. Another `plan`: that one, its limit lowered if it
+    must. PlanDoesNotFit names the smallest plan that would fit and what it needs."""
     if plan not in MEMORY_CHOICES:
         raise ValueError(f"--memory {plan!r} is not one of {', '.join(MEMORY_CHOICES)}.")
     room = usable(free)
     candidates = PLANS if plan == "auto" else (plan,)
-    for name in candidates:
-        if sizes.peak(name, max_tokens) <= room:
-            return PlanChoice(name, max_tokens, sizes.peak(name, max_tokens), free, lowered=False)
-    for name in candidates:
-        tokens = _most_tokens(sizes, name, room, max_tokens)
-        if tokens >= min_tokens:
-            return PlanChoice(name, tokens, sizes.peak(name, tokens), free, lowered=True)
+    for enough in (max(min_tokens, max_tokens // 2), min_tokens):
+        for name in candidates:
+            tokens = _most_tokens(sizes, name, room, max_tokens)
+            if tokens >= enough:
+                return PlanChoice(name, tokens, sizes.peak(name, tokens), free, lowered=tokens < max_tokens)
     smallest = PLANS[-1]
     needs = sizes.peak(smallest, min_tokens)
     if plan not in ("auto", smallest):
