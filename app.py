@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -91,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "and VAE in host memory, moved for batched encodes and decodes), fp8 (offload, the "
                             "denoiser stored in float8), lowvram (fp8, its blocks moved in turn); auto: the fastest "
                             "that fits the free memory (default; on a CPU everything is in host memory already)")
+    model.add_argument("--denoiser-file", default=None, metavar="FILE.gguf",
+                       help="load the model's transformer (or UNet) from this quantized GGUF file instead of the "
+                            "folder's own, e.g. a FLUX.1-dev Q4 file for a small card (pip install -e '.[gguf]')")
     model.add_argument("--compile", action="store_true",
                        help="torch.compile the transformer/UNet and warm it up at the model's default size "
                             "before serving (slower start, faster steps on GPU)")
@@ -193,7 +197,7 @@ def config_from_args(args: argparse.Namespace) -> StudioOptions:
         share=args.share, auth=parse_auth(args.auth), preview_every=args.preview_every, max_steps=args.max_steps,
         max_size=args.max_size, max_per_session=args.max_per_session, max_branches=args.max_branches,
         show_prompts=args.show_prompts, max_session_cost=args.max_session_cost,
-        outputs=None if args.no_save else args.outputs, resume_max_age_s=args.resume_max_age, device=args.device, dtype=args.dtype, memory=args.memory, compile=args.compile, prompt_cache=args.prompt_cache,
+        outputs=None if args.no_save else args.outputs, resume_max_age_s=args.resume_max_age, device=args.device, dtype=args.dtype, memory=args.memory, denoiser_file=args.denoiser_file, compile=args.compile, prompt_cache=args.prompt_cache,
         step_cache=args.step_cache,
         loras=tuple(LoraOption.parse(text) for text in args.lora or []), lora_folder=args.loras,
         api_keys=tuple([parse_api_key(text) for text in args.api_key or []]
@@ -210,7 +214,8 @@ def load_options(config: StudioOptions):
     return LoadOptions(device=config.device, dtype=config.dtype, compile_denoiser=config.compile,
                        prompt_cache_size=config.prompt_cache, loras=config.loras,
                        lora_folders=(str(BUILTIN_LORA_DIR), config.lora_folder), step_cache=config.step_cache,
-                       memory=config.memory, batch_tokens=config.max_tokens, batch_requests=config.max_batch)
+                       memory=config.memory, batch_tokens=config.max_tokens, batch_requests=config.max_batch,
+                       denoiser_file=config.denoiser_file)
 
 
 def _check_builtin(model: str) -> None:
@@ -230,7 +235,10 @@ def load_model(config: StudioOptions, model: str | None = None):
 
     model = model or config.model
     _check_builtin(model)
-    return load_pipeline(model, load_options(config))
+    options = load_options(config)
+    if model != config.model:  # --denoiser-file is the first model's
+        options = dataclasses.replace(options, denoiser_file=None)
+    return load_pipeline(model, options)
 
 
 def load_models(config: StudioOptions) -> list:

@@ -57,6 +57,9 @@ class LoadOptions:
     # engine's default (batch_requests requests of the model's default size, room for CFG rows).
     batch_tokens: int | None = None
     batch_requests: int = 8
+    # A quantized single file (GGUF) to load the denoiser from instead of the folder's own
+    # (pipelines/quantized_denoiser.py); None: the folder's.
+    denoiser_file: str | None = None
 
 
 def resolve_device_dtype(options: LoadOptions):
@@ -80,8 +83,14 @@ def load_diffusers_pipeline(pipeline_class, path: Path, options: LoadOptions, fa
     a family loads itself). Any unreadable checkpoint gets the same clear ValueError.
     Returns (pipe, device)."""
     device, dtype = resolve_device_dtype(options)
+    kwargs = {}
+    if options.denoiser_file is not None:  # ValueError of its own for a file that doesn't fit
+        from pipelines.quantized_denoiser import load_denoiser_file
+
+        component, denoiser = load_denoiser_file(options.denoiser_file, path, read_model_index(path), dtype)
+        kwargs[component] = denoiser
     try:
-        kwargs = extra_kwargs(path, dtype) if extra_kwargs is not None else {}
+        kwargs.update(extra_kwargs(path, dtype) if extra_kwargs is not None else {})
         pipe = pipeline_class.from_pretrained(path, use_safetensors=True, dtype=dtype, **kwargs)
     except Exception as exc:  # noqa: BLE001 - corrupt, partial or pickle-only folders alike
         raise ValueError(
@@ -149,9 +158,11 @@ def _load_in_host_memory(model: str | None, options: LoadOptions) -> StepPipelin
 
 
 def load_models(models: tuple[str, ...], options: LoadOptions | None = None) -> list[StepPipeline]:
-    """Every model, in order (the first is the engine's default), each with its LoRA adapters."""
+    """Every model, in order (the first is the engine's default, the one `denoiser_file` is for),
+    each with its LoRA adapters."""
     options = options or LoadOptions()
-    pipelines = [_load_in_host_memory(model, options) for model in models]
+    pipelines = [_load_in_host_memory(model, options if index == 0 else replace(options, denoiser_file=None))
+                 for index, model in enumerate(models)]  # the denoiser file is the first model's
     attach_adapters(pipelines, options)
     for pipeline in pipelines:
         _place(pipeline, options)

@@ -65,6 +65,11 @@ def casts_in_fp8(text_encoder: torch.nn.Module) -> bool:
     return first is not None and not any(first is p for layer in cast for p in layer.parameters(recurse=False))
 
 
+def is_quantized(model: torch.nn.Module) -> bool:
+    """A denoiser loaded from a quantized file (--denoiser-file): the fp8 plans leave it as it is."""
+    return bool(getattr(model, "is_quantized", False))
+
+
 def _skip_patterns(denoiser: torch.nn.Module) -> tuple[str, ...]:
     return tuple(getattr(denoiser, "_skip_layerwise_casting_patterns", None) or DEFAULT_SKIP_MODULES_PATTERN)
 
@@ -94,7 +99,7 @@ def measure_modules(denoisers, text_encoders, vaes, activation_per_token: int = 
     """`measure` of modules (they may live on the meta device: only their shapes are read)."""
     fp8 = largest_block = outside = 0
     for model in denoisers:
-        skip = _skip_patterns(model)
+        skip = (".",) if is_quantized(model) else _skip_patterns(model)  # a quantized file stays as it is
         model_fp8 = _fp8_bytes(model, skip)
         blocks = [(f"{name}.{index}.", block) for name, child in model.named_children()
                   if isinstance(child, torch.nn.ModuleList) for index, block in enumerate(child)]
@@ -122,7 +127,7 @@ def place(pipeline, plan: str) -> None:
                 apply_layerwise_casting(text_encoder, FP8_STORAGE, text_encoder.dtype, _text_encoder_skips(text_encoder),
                                         TEXT_ENCODER_KEEPS)
         for denoiser in pipeline.denoisers:
-            if plan in ("fp8", "lowvram"):
+            if plan in ("fp8", "lowvram") and not is_quantized(denoiser):
                 denoiser.enable_layerwise_casting(storage_dtype=FP8_STORAGE, compute_dtype=pipeline.dtype)
             if plan == "lowvram":
                 denoiser.enable_group_offload(onload_device=device, offload_device=torch.device("cpu"),

@@ -74,6 +74,7 @@ def build_pipelines(settings: ReplicaSettings) -> list:
 
     options = LoadOptions(device=settings.device, dtype=settings.dtype, compile_denoiser=settings.compile,
                           memory=settings.memory, batch_tokens=settings.max_tokens, batch_requests=settings.max_batch,
+                          denoiser_file=settings.denoiser_file,
                           prompt_cache_size=settings.prompt_cache, loras=settings.loras,
                           lora_folders=(str(BUILTIN_LORA_DIR), settings.lora_folder), step_cache=settings.step_cache)
     return load_models((settings.model, *settings.more_models), options)

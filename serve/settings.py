@@ -29,6 +29,7 @@ class ReplicaSettings:
     dtype: str | None = None
     compile: bool = False
     memory: str = "auto"  # pipelines.loader.LoadOptions.memory (each replica chooses for its own GPU)
+    denoiser_file: str | None = None  # pipelines.loader.LoadOptions.denoiser_file
     prompt_cache: int = 32
     step_cache: float | None = None  # pipelines.loader.LoadOptions.step_cache
     mode: str = "step"
@@ -86,7 +87,8 @@ def replica_settings_for(options: StudioOptions, torch_threads: int | None = Non
     """The replica side of the studio's options (model, device, engine, limits)."""
     return ReplicaSettings(
         model=options.model, more_models=tuple(getattr(options, "more_models", ())), device=options.device, dtype=options.dtype, compile=options.compile,
-        memory=getattr(options, "memory", "auto"), prompt_cache=options.prompt_cache, step_cache=getattr(options, "step_cache", None), mode=options.mode, max_batch=options.max_batch, max_tokens=getattr(options, "max_tokens", None), limits=options.limits,
+        memory=getattr(options, "memory", "auto"), denoiser_file=getattr(options, "denoiser_file", None),
+        prompt_cache=options.prompt_cache, step_cache=getattr(options, "step_cache", None), mode=options.mode, max_batch=options.max_batch, max_tokens=getattr(options, "max_tokens", None), limits=options.limits,
         torch_threads=torch_threads, pin_cpus=pin_cpus, loras=tuple(getattr(options, "loras", ())),
         lora_folder=getattr(options, "lora_folder", "loras"),
     )

@@ -98,6 +98,7 @@ class StudioOptions:
     dtype: str | None = None
     compile: bool = False  # torch.compile the denoiser, then warm up at the model's default size
     memory: str = "auto"  # the memory plan (pipelines/memory_plan.py): auto, resident, offload, fp8, lowvram
+    denoiser_file: str | None = None  # a quantized (GGUF) file for the first model's denoiser
     prompt_cache: int = 32  # prompt embeddings kept for reuse (0 = off)
     # Step caching's threshold for requests that do not say (pipelines/step_cache.py; 0 = off);
     # None: each model's own default (its stepstudio.json's).

@@ -101,7 +101,9 @@ def test_bad_options_and_a_model_that_cannot_be_loaded_exit_with_status_2():
     """docs/configuration.md: "`python app.py` exits with status ... 2 for bad options, a busy port or a
     model that can't be loaded" (the busy port: tests/test_reliability_app.py)."""
     commands = {"bad option": ["--bad-option"], "unloadable model": ["--model", "/nonexistent", "--port", "0", "--no-save"],
-                "bad step cache": ["--step-cache", "2"]}
+                "bad step cache": ["--step-cache", "2"],
+                "GPU plan on the CPU": ["--memory", "fp8", "--port", "0", "--no-save"],
+                "denoiser file of another kind": ["--denoiser-file", "flux1-dev.safetensors", "--port", "0", "--no-save"]}
     # Both at once: the second takes the time of the studio's imports before it tries the model.
     processes = {name: subprocess.Popen([sys.executable, "app.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, text=True)
@@ -117,3 +119,9 @@ def test_bad_options_and_a_model_that_cannot_be_loaded_exit_with_status_2():
     assert "'/nonexistent'" in errors["unloadable model"]
     assert errors["bad step cache"] == ("python app.py: error: step_cache=2.0 is not allowed: use a threshold in 0..1 "
                                         "(0 = off; higher skips more steps, e.g. 0.1).")
+    assert errors["GPU plan on the CPU"] == (
+        "python app.py: error: --memory fp8 is for a GPU's memory: on cpu every component is in host memory already. "
+        "Leave --memory out (auto keeps everything resident there).")
+    assert errors["denoiser file of another kind"] == (
+        "python app.py: error: --denoiser-file flux1-dev.safetensors: .safetensors files are not supported; the kinds "
+        "that are: .gguf (GGUF).")
