@@ -196,7 +196,9 @@ def test_retrieve_tells_the_step_the_engine_is_at_and_list_shows_the_callers_vid
     with videos_api(checkpoints, on_forward=hold) as (_, _, url):
         api = client(url)
         video = api.videos.create(model="wan", prompt=PROMPT, extra_body={"num_inference_steps": 4})
-        assert video.status in ("queued", "in_progress") and video.progress == 0
+        # The engine runs step 1 (and holds) while the answer is on its way: a loaded machine may
+        # answer after step 1's Progress reached the job.
+        assert video.status in ("queued", "in_progress") and video.progress in (0, 25)
         first.wait()
         # The engine is held after step 1; its Progress event reaches the job a moment later.
         wait_until(lambda: api.videos.retrieve(video.id).progress > 0, what="step 1 in the job")
