@@ -3,6 +3,7 @@
     python benchmarks/gpu_check.py                      # on one CUDA GPU: bf16, FLUX.1-dev-sized
     python benchmarks/gpu_check.py --dry-run            # the same code on the CPU, tiny, < 1 minute
     python benchmarks/gpu_check.py --sections parity memory --time-budget 120
+    python benchmarks/gpu_check.py --sections plans     # the memory plans on emulated 24/16/12 GB cards
 
 Sections, in this order, each within its share of `--time-budget` (benchmarks/gpu_budget.py;
 whatever would not fit is skipped and listed, with the reason):
@@ -12,17 +13,22 @@ whatever would not fit is skipped and listed, with the reason):
             with the attention kernel that really ran (benchmarks/gpu_parity.py)
 2. memory   a FLUX.1-dev-sized transformer with random weights: weights, and the peak memory of
             one forward per image size and batch size (benchmarks/gpu_memory.py)
-3. serving  the same transformer served by the engine: step mode vs request mode vs the stock
+3. plans    the same transformer with T5-XXL- and CLIP-L-sized text encoders and a VAE's bytes under
+            each memory plan (resident, offload, fp8, lowvram), uncapped and under allocator caps
+            emulating 24, 16 and 12 GB cards: which plans fit (against choose_plan's arithmetic),
+            s/step and images/s for 8 users at 1024x1024, peak memory, and one step's predictions
+            against resident's (benchmarks/gpu_plans.py)
+4. serving  the same transformer served by the engine: step mode vs request mode vs the stock
             FluxPipeline one request at a time at 1024x1024, admission and cancel latency in
             step-times, and the batching curve at 512x512 (benchmarks/gpu_serving.py)
-4. caching  per-row step caching on the same transformer at 1024x1024: rows skipped, images/s
+5. caching  per-row step caching on the same transformer at 1024x1024: rows skipped, images/s
             against caching off, and that a threshold skipping nothing is exactly caching off
             (benchmarks/gpu_caching.py)
-5. packing  rows at 512, 768 and 1024 in ONE packed forward of the same transformer, with
+6. packing  rows at 512, 768 and 1024 in ONE packed forward of the same transformer, with
             flash-attn's varlen kernel (when installed), one SDPA call per size, and padding to
             the largest; against one forward per size; parity of every row with its solo forward
             in bf16 (benchmarks/gpu_packing.py)
-6. compile  the batching curve again with the studio's `--compile`, in a child process that is
+7. compile  the batching curve again with the studio's `--compile`, in a child process that is
             stopped at the section's time limit (benchmarks/gpu_compile.py)
 
 Writes `gpu_check.json` (every measurement) and `gpu_check.md` (the tables; a dry run writes
@@ -135,6 +141,12 @@ def run_memory(settings: CheckSettings, section: Section, model: RealSizeModel, 
     return measure_memory(pipeline, settings.memory_sizes, settings.memory_batches, section, weights)
 
 
+def run_plans(settings: CheckSettings, section: Section, model: RealSizeModel, workdir: Path) -> dict:
+    from benchmarks.gpu_plans import measure_plans
+
+    return measure_plans(settings, section, model)  # releases the shared model: it casts weights to float8
+
+
 def run_serving(settings: CheckSettings, section: Section, model: RealSizeModel, workdir: Path) -> dict:
     from benchmarks.gpu_serving import batching_curve, compare_modes
     from benchmarks.gpu_stand_in import stock_pipeline
@@ -168,8 +180,8 @@ def run_compile(settings: CheckSettings, section: Section, model: RealSizeModel,
     return compiled_curve(settings, section, workdir)
 
 
-RUNNERS = {"parity": run_parity, "memory": run_memory, "serving": run_serving, "caching": run_caching,
-           "packing": run_packing, "compile": run_compile}
+RUNNERS = {"parity": run_parity, "memory": run_memory, "plans": run_plans, "serving": run_serving,
+           "caching": run_caching, "packing": run_packing, "compile": run_compile}
 
 
 # ---------------------------------------------------------------------------- the whole check

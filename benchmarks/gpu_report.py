@@ -138,6 +138,62 @@ def packing_table(section: dict) -> list[str]:
     return lines
 
 
+def _fit(row: dict) -> str:
+    if row.get("fits"):
+        return "yes"
+    return f"no: {row['error']}" if "error" in row else "no"
+
+
+def plans_table(section: dict) -> list[str]:
+    sizes = section["sizes_gib"]
+    per_token = section["activation_per_token"] / 1024
+    lines = ["", f"### Memory plans on emulated cards: {section['requests']} requests at {section['size']}x{section['size']} "
+                 f"({section['dtype']})", "",
+             f"{section['model']}: denoiser {sizes['denoiser']:.2f} GiB ({sizes['denoiser_fp8']:.2f} in float8), text "
+             f"encoders {sizes['text_encoders']:.2f} GiB ({sizes['text_encoders_fp8']:.2f}), VAE {sizes['vae']:.2f} GiB "
+             f"(its bytes only: no decode runs). Activations {per_token:.0f} KiB per token ({section['activation_source']}; "
+             f"the loader's estimate before measuring: {section['activation_per_token_estimated'] / 1024:.0f} KiB). "
+             f"A card's allocator is capped at its size less {section['context_gib']} GiB; images/s are "
+             f"{section['requests']} / (encode + {section['full_steps']} x s/step + decode).", "",
+             "| plan | on device after placing GiB (arithmetic) | cap | peak GiB | encode s (text-encoder trips) | s/step "
+             "| images/s | vs resident: max abs / rel RMS |", "|---|---|---|---|---|---|---|---|"]
+    for plan in section["plans"]:
+        run = plan["uncapped"]
+        if not run.get("fits"):
+            lines.append(f"| {plan['plan']} | | {run['cap']} | {_fit(run)} | | | | |")
+            continue
+        parity = plan["against_resident"] or {"max_abs_diff": None, "relative_rms": None, "exact": False}
+        lines.append(
+            f"| {plan['plan']} | {_num(plan['allocated_after_placing_gib'])} ({plan['predicted_on_device_gib']:.2f}) "
+            f"| {run['cap']} | {_num(run['peak_gib'])} | {_num(run['encode_s'], 3)} ({run['text_encoder_trips']}) "
+            f"| {_num(run['step_s'], 3)} | {_num(run['images_per_s'], 3)} "
+            f"| {_sci(parity['max_abs_diff'])} / {_sci(parity['relative_rms'])}{' (exact)' if parity['exact'] else ''} |")
+    lowvram = next((plan for plan in section["plans"] if "against_fp8" in plan), None)
+    if lowvram:
+        same = lowvram["against_fp8"]
+        lines += ["", f"lowvram against fp8 (the same float8 weights, streamed block by block): "
+                      f"{'exactly equal' if same['exact'] else 'max abs diff ' + _sci(same['max_abs_diff'])}."]
+    lines += ["", "| card | --memory auto picks (at load / with measured activations) | plan | arithmetic: fits (peak GiB) "
+                  "| measured: fits | peak allocated / reserved GiB | s/step | images/s | agree |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    cards = [card["card_gib"] for card in section["cards"]]
+    plans = [plan["plan"] for plan in section["plans"]]
+    shown = set()
+    for row in sorted(section["rows"], key=lambda row: (cards.index(row["card_gib"]), plans.index(row["plan"]))):
+        card = section["cards"][cards.index(row["card_gib"])]
+        auto = "" if card["card_gib"] in shown else f"{card['auto_at_load']} / {card['auto_measured']}"
+        shown.add(card["card_gib"])
+        measured = _fit(row) if row["measured"] else f"no ({row['error']}: not run)"
+        cap = f" ({row['cap']})" if row.get("cap") == "no cap on cpu" else ""
+        peaks = f"{_num(row.get('peak_gib'))} / {_num(row.get('reserved_gib'))}"
+        lines.append(
+            f"| {row['card_gib']} GB{cap} | {auto} | {row['plan']} "
+            f"| {'yes' if row['predicted_fits'] else 'no'} ({row['predicted_peak_gib']:.2f}) | {measured} | {peaks} "
+            f"| {_num(row.get('step_s'), 3)} | {_num(row.get('images_per_s'), 3)} "
+            f"| {'yes' if row['predicted_fits'] == row['fits'] else 'NO'} |")
+    return lines
+
+
 def skipped_list(report: dict) -> list[str]:
     lines = []
     for name, section in report["sections"].items():
@@ -155,6 +211,8 @@ def markdown(report: dict) -> str:
         lines += parity_table(sections["parity"])
     if sections["memory"]["status"] == "ran":
         lines += memory_table(sections["memory"])
+    if sections.get("plans", {}).get("status") == "ran":
+        lines += plans_table(sections["plans"])
     serving = sections["serving"] if sections["serving"]["status"] == "ran" else None
     compiled = sections["compile"] if sections["compile"]["status"] == "ran" else None
     if serving:

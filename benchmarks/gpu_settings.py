@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 from benchmarks.gpu_stand_in import FLUX_DEV, TINY, StandInConfig
 
-SECTIONS = ("parity", "memory", "serving", "caching", "packing", "compile")
+SECTIONS = ("parity", "memory", "plans", "serving", "caching", "packing", "compile")
 
 
 @dataclass(frozen=True)
@@ -18,6 +18,16 @@ class CheckSettings:
     stand_in: StandInConfig
     memory_sizes: tuple[int, ...]  # square images, pixels
     memory_batches: tuple[int, ...]
+    # Memory plans (benchmarks/gpu_plans.py): `plans_requests` requests at this size under each
+    # plan, uncapped (`plans_steps` steps, the first a warm-up) and then under an allocator cap
+    # emulating each card (one step); text-encoder stand-ins of T5-XXL's and CLIP-L's layer
+    # counts (their widths are the transformer's text widths) and a VAE of this many parameters.
+    plans_caps_gib: tuple[int, ...]
+    plans_size: int
+    plans_requests: int
+    plans_steps: int
+    plans_text_layers: tuple[int, int]
+    plans_vae_parameters: int
     serving_size: int  # step vs request vs one-at-a-time
     serving_requests: int
     serving_steps: tuple[int, ...]  # the workload's step counts
@@ -56,6 +66,12 @@ GPU = CheckSettings(
     stand_in=FLUX_DEV,
     memory_sizes=(512, 1024),
     memory_batches=(1, 2, 4, 8, 16),
+    plans_caps_gib=(24, 16, 12),
+    plans_size=1024,
+    plans_requests=8,
+    plans_steps=2,
+    plans_text_layers=(24, 12),  # T5-XXL's encoder, CLIP-L's text model
+    plans_vae_parameters=83_821_011,  # FLUX.1-dev's AutoencoderKL
     serving_size=1024,
     serving_requests=8,
     serving_steps=(4, 8),
@@ -72,7 +88,9 @@ GPU = CheckSettings(
     compile_backend="inductor",
     budget_s=450.0,  # 8 minutes less a margin for estimates that run over
     # Startup (imports, CUDA) comes out of the first section's share.
-    plan_s={"parity": 70.0, "memory": 45.0, "serving": 135.0, "caching": 50.0, "packing": 50.0, "compile": 100.0},
+    # plans' 65 s came from compile (30), serving (15), parity (10), caching and packing (5 each).
+    plan_s={"parity": 60.0, "memory": 45.0, "plans": 65.0, "serving": 120.0, "caching": 45.0, "packing": 45.0,
+            "compile": 70.0},
 )
 
 DRY_RUN = CheckSettings(
@@ -82,6 +100,12 @@ DRY_RUN = CheckSettings(
     stand_in=TINY,
     memory_sizes=(64, 128),
     memory_batches=(1, 2),
+    plans_caps_gib=(24, 16, 12),  # not applied on the CPU: the same code runs, uncapped
+    plans_size=64,
+    plans_requests=8,
+    plans_steps=2,
+    plans_text_layers=(1, 1),
+    plans_vae_parameters=4096,
     serving_size=128,
     serving_requests=4,
     serving_steps=(2, 4),
@@ -100,7 +124,7 @@ DRY_RUN = CheckSettings(
     # A cap, not a target: it runs in 30 to 45 s here, but imports alone took 20 s on this
     # shared machine under load, and a 60 s cap then skipped the Wan families.
     budget_s=90.0,
-    plan_s={"parity": 35.0, "memory": 5.0, "serving": 15.0, "caching": 5.0, "packing": 5.0, "compile": 5.0},
+    plan_s={"parity": 35.0, "memory": 5.0, "plans": 5.0, "serving": 15.0, "caching": 5.0, "packing": 5.0, "compile": 5.0},
     # Tiny tensors: one thread beats a thread pool on a shared, busy CPU (measured 7x faster here).
     torch_threads=1,
 )

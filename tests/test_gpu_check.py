@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from benchmarks.gpu_budget import TimeBudget
+from benchmarks.gpu_plans import FP8_RELATIVE_TOLERANCE
 from benchmarks.gpu_settings import DRY_RUN
 from pipelines.loader import FAMILIES
+from pipelines.memory_plan import PLANS
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOAT32_BOUND = math.sqrt(torch.finfo(torch.float32).eps)
@@ -70,6 +72,32 @@ def test_memory_rows_for_every_size_and_batch(dry_run):
     assert "SDPA" in memory["attention_kernels"]
 
 
+def test_every_memory_plan_ran_and_offload_predicts_exactly_what_resident_does(dry_run):
+    plans = dry_run[0]["sections"]["plans"]
+    assert [plan["plan"] for plan in plans["plans"]] == list(PLANS)
+    for plan in plans["plans"]:
+        run = plan["uncapped"]
+        assert run["cap"] == "no cap on cpu" and run["fits"] and run["finite"], plan
+        assert run["step_s"] > 0 and run["encode_s"] > 0 and run["images_per_s"] > 0, plan
+        # An offloaded text encoder group comes to the device once for the 8 requests' encode stage.
+        assert run["text_encoder_trips"] == (0 if plan["plan"] == "resident" else 1), plan
+    by_plan = {plan["plan"]: plan for plan in plans["plans"]}
+    assert by_plan["offload"]["against_resident"] == {"max_abs_diff": 0.0, "relative_rms": 0.0, "exact": True}
+    for name in ("fp8", "lowvram"):  # float8 weights (and text encoders): close to resident, not equal
+        fp8 = by_plan[name]["against_resident"]
+        assert 0 < fp8["relative_rms"] <= FP8_RELATIVE_TOLERANCE and not fp8["exact"], (name, fp8)
+    assert by_plan["lowvram"]["against_fp8"]["exact"]  # block offloading changes nothing computed
+    sizes = plans["sizes_gib"]
+    assert 0 < sizes["denoiser_fp8"] < sizes["denoiser"] and 0 < sizes["text_encoders_fp8"] < sizes["text_encoders"]
+    rows = plans["rows"]
+    assert sorted((row["card_gib"], row["plan"]) for row in rows) == sorted(
+        (card, plan) for card in DRY_RUN.plans_caps_gib for plan in PLANS)
+    for row in rows:  # no cap on the CPU: every plan runs, and the tiny model fits every card on paper too
+        assert row["cap"] == "no cap on cpu" and row["measured"] and row["fits"] and row["predicted_fits"], row
+        assert row["step_s"] > 0 and row["images_per_s"] > 0 and row["predicted_peak_gib"] > 0, row
+    assert all(card["auto_at_load"].startswith("resident") for card in plans["cards"])
+
+
 def test_serving_rows_have_positive_throughput_and_latencies_in_step_times(dry_run):
     serving = dry_run[0]["sections"]["serving"]
     modes = serving["modes"]
@@ -122,7 +150,7 @@ def test_packed_rows_of_three_sizes_match_their_solo_forwards_with_every_kernel(
 
 def test_the_markdown_has_every_table_and_is_printed(dry_run):
     _, markdown, printed = dry_run
-    for heading in ("### Correctness", "### Memory", "### Serving at", "### Batching curve", "### Step caching at",
+    for heading in ("### Correctness", "### Memory:", "### Memory plans on emulated cards", "### Serving at", "### Batching curve", "### Step caching at",
                     "### Packed forwards", "### Skipped or failed"):
         assert heading in markdown
     assert markdown in printed
