@@ -15,6 +15,7 @@ from pathlib import Path
 from pipelines.interface import StepPipeline
 from pipelines.lora_files import BUILTIN_LORA_DIR, DEFAULT_LORA_DIR, LoraOption, adapter_files, check_lora_models
 from pipelines.prompt_cache import DEFAULT_CAPACITY
+from pipelines.quiet_loading import quiet_libraries
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,8 @@ def _load_in_host_memory(model: str | None, options: LoadOptions) -> StepPipelin
         if not path.exists():
             path = _download(model)
         class_name = read_model_index(path).get("_class_name")
-        pipeline = family_class(class_name).from_pretrained(path, options)
+        with quiet_libraries():  # the family's import and from_pretrained: the libraries' noise
+            pipeline = family_class(class_name).from_pretrained(path, options)
     if options.step_cache is not None:
         set_default_step_cache(pipeline, options.step_cache)
     prompt_cache = getattr(pipeline, "prompt_cache", None)  # a pipeline of one's own may have none

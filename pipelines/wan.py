@@ -32,12 +32,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
-from diffusers import WanPipeline, WanTransformer3DModel
-from diffusers.utils import is_accelerate_available
+from diffusers import WanPipeline
 from PIL import Image
 
 from pipelines import wan_packed
@@ -62,23 +60,6 @@ class WanBatchKey:
     num_frames: int | None  # None (with height and width): any shape, rows of different shapes run packed
     height: int | None
     width: int | None
-
-
-class _WanTransformerWithoutAccelerate(WanTransformer3DModel):
-    """diffusers 0.42 keeps some Wan modules in float32 (`_keep_in_fp32_modules`) and can only load
-    them that way through `accelerate`; without it, from_pretrained refuses. This class loads like
-    the stock one with that list emptied; `_keep_fp32_modules` then restores the float32 modules."""
-
-    _keep_in_fp32_modules = None
-
-
-def _keep_fp32_modules(model: torch.nn.Module) -> torch.nn.Module:
-    keep = WanTransformer3DModel._keep_in_fp32_modules or []
-    for name, parameter in model.named_parameters():
-        if any(module in name.split(".") for module in keep):  # diffusers' own matching rule
-            parameter.data = parameter.data.float()
-    model._keep_in_fp32_modules = keep  # so that `model.dtype` skips them, as on the stock class
-    return model
 
 
 def _modulated_input(block: torch.nn.Module, inputs: dict) -> torch.Tensor:
@@ -139,18 +120,6 @@ class WanStepPipeline(FlowMatchStepPipeline):
             experts="2 (boundary at timestep %g)" % self.boundary_timestep if self.boundary_timestep else "1",
             frames=f"{self.temporal_factor}k+1",
         )
-
-    @classmethod
-    def _load_kwargs(cls, path: Path, dtype: torch.dtype) -> dict[str, Any]:
-        if is_accelerate_available():
-            return {}
-        return {
-            name: _keep_fp32_modules(
-                _WanTransformerWithoutAccelerate.from_pretrained(path / name, dtype=dtype, use_safetensors=True)
-            )
-            for name in ("transformer", "transformer_2")
-            if (path / name).is_dir()
-        }
 
     @property
     def denoisers(self) -> tuple[torch.nn.Module, ...]:

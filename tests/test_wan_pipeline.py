@@ -8,12 +8,9 @@ import json
 import shutil
 import types
 
-import numpy as np
 import pytest
-import safetensors.torch
 import torch
-from diffusers import WanPipeline, WanTransformer3DModel
-from diffusers.utils import is_accelerate_available
+from diffusers import WanPipeline
 
 from engine import Engine, GenerationParams, Progress
 from pipelines.loader import LoadOptions, load_pipeline
@@ -45,18 +42,7 @@ def video(prompt: str = "a red circle moving left", **fields) -> GenerationParam
 
 
 def stock_wan(folder) -> WanPipeline:
-    """WanPipeline.from_pretrained. Without `accelerate`, diffusers 0.42 can't load
-    WanTransformer3DModel, so the transformers are then built here from their config and
-    safetensors (independently of pipelines/wan.py's own way around it)."""
-    if is_accelerate_available():
-        return WanPipeline.from_pretrained(folder, use_safetensors=True)
-    experts = {}
-    for name in ("transformer", "transformer_2"):
-        if (folder / name).is_dir():
-            model = WanTransformer3DModel.from_config(WanTransformer3DModel.load_config(folder / name))
-            model.load_state_dict(safetensors.torch.load_file(folder / name / "diffusion_pytorch_model.safetensors"))
-            experts[name] = model.eval()
-    return WanPipeline.from_pretrained(folder, use_safetensors=True, **experts)
+    return WanPipeline.from_pretrained(folder, use_safetensors=True)
 
 
 def wan_arguments(p: GenerationParams) -> dict:

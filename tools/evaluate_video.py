@@ -155,24 +155,10 @@ def load_serving_defaults(model_dir: Path) -> dict:
 
 
 def load_pipeline(model_dir: Path):
-    """The stock WanPipeline from a folder, fp32, safetensors only, offline.
+    """The stock WanPipeline from a folder, fp32, safetensors only, offline."""
+    from diffusers import WanPipeline
 
-    diffusers 0.42 loads WanTransformer3DModel (it has `_keep_in_fp32_modules`) only through
-    `accelerate`; without it from_pretrained refuses. The transformer is then built from its
-    config and given its safetensors weights directly (everything is fp32 here anyway)."""
-    from diffusers import WanPipeline, WanTransformer3DModel
-    from diffusers.utils import is_accelerate_available
-    from safetensors.torch import load_file
-
-    model_dir = Path(model_dir)
-    extra = {}
-    if not is_accelerate_available():
-        folder = model_dir / "transformer"
-        transformer = WanTransformer3DModel.from_config(WanTransformer3DModel.load_config(folder))
-        transformer.load_state_dict(load_file(folder / "diffusion_pytorch_model.safetensors"), strict=True)
-        extra["transformer"] = transformer.eval()
-        extra["low_cpu_mem_usage"] = False  # what diffusers falls back to anyway, without its warning
-    pipe = WanPipeline.from_pretrained(model_dir, use_safetensors=True, **extra)
+    pipe = WanPipeline.from_pretrained(Path(model_dir), use_safetensors=True)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

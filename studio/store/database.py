@@ -246,12 +246,14 @@ def _migrate(connection: sqlite3.Connection, path: Path | None, history_folder: 
                                  "another --outputs folder.")
             for number in range(version, SCHEMA_VERSION):
                 MIGRATIONS[number](connection, history_folder)
-                log.info("%s: schema migrated to version %d", path or "the in-memory store", number + 1)
             connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             connection.execute("COMMIT")
         except BaseException:
             connection.execute("ROLLBACK")
             raise
+        if version < SCHEMA_VERSION:
+            log.info("%s: schema migrated from version %d to %d", path or "the in-memory store", version,
+                     SCHEMA_VERSION)
         if path is not None:
             problem = connection.execute("PRAGMA quick_check").fetchone()[0]
             if problem != "ok":
