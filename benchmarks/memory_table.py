@@ -25,7 +25,7 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
-from pipelines.memory_placement import measure_modules  # noqa: E402
+from pipelines.memory_placement import ACTIVATION_VECTORS, measure_modules  # noqa: E402
 from pipelines.memory_plan import GIB, ModelBytes, PlanDoesNotFit, choose_plan  # noqa: E402
 
 CARDS_GB = (24, 16, 12, 8)
@@ -92,7 +92,7 @@ def model_bytes(family: Family) -> ModelBytes:
         module.to(BF16)
     widest = max(layer.in_features for model in denoisers for layer in model.modules()
                  if isinstance(layer, torch.nn.Linear))
-    return measure_modules(denoisers, text_encoders, vaes, activation_per_token=4 * widest * 2)
+    return measure_modules(denoisers, text_encoders, vaes, activation_per_token=ACTIVATION_VECTORS * widest * 2)
 
 
 def engine_tokens(family: Family) -> int:

@@ -67,8 +67,13 @@ class ComponentPlacement:
             yield
             return
         if group not in self._on_device:
-            for copy in self._groups[group]:
-                copy.to_device(self.device)
+            try:
+                for copy in self._groups[group]:
+                    copy.to_device(self.device)
+            except BaseException:  # out of memory midway: drop what did arrive, keep the host copies
+                for copy in self._groups[group]:
+                    copy.to_host()
+                raise
             self._on_device.add(group)
             self.moves[group] += 1
         try:

@@ -163,7 +163,9 @@ def test_sigterm_answers_every_caller_and_exits_0_without_pythons_teardown():
             call.start()
         videos = [httpx.post(url + "v1/videos", json={"prompt": f"video job {i}", "num_inference_steps": steps})
                   for i in range(8)]
-        assert [(v.status_code, v.json()["status"]) for v in videos] == [(200, "queued")] * 8
+        # Accepted; a job that reaches the forward before the last HTTP caller does is already running.
+        assert all(v.status_code == 200 and v.json()["status"] in ("queued", "in_progress") for v in videos), \
+            [(v.status_code, v.text[:200]) for v in videos]
         form = dict(negative_prompt="", width=64, height=64, steps=steps, guidance_scale=1.0)
         pages, video_callers, workflow_callers = (connect(url) for _ in range(3))
         jobs = ([pages.submit(prompt=f"page {i}", seed=i, model="", api_name="/generate", **form) for i in range(8)]

@@ -82,8 +82,9 @@ class StudioServer:
     def run(self) -> None:
         """Serve until SIGTERM / Ctrl-C (or the engine stops), then stop gracefully."""
         # uvicorn raises the signal it caught again once it is done; this handler takes it, so a
-        # graceful stop exits with status 0 instead of dying by the signal.
-        previous = signal.signal(signal.SIGTERM, lambda *_: None)
+        # graceful stop exits with status 0 instead of dying by the signal. It is uvicorn's own
+        # handler: a SIGTERM that comes before uvicorn has set up its signals stops it all the same.
+        previous = signal.signal(signal.SIGTERM, self._server.handle_exit)
         try:
             self._server.run(sockets=[self._socket])
         finally:
