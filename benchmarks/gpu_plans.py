@@ -300,7 +300,7 @@ class PlansCheck:
         self.pipeline = build_pipeline(settings, self.device, self.dtype, transformer)
         build_s = time.perf_counter() - started
         place(self.pipeline, "resident")
-        estimated = estimated_activation_per_token(self.pipeline)
+        estimated = estimated_activation_per_token(self.pipeline.denoisers, self.pipeline.dtype)
         on_cuda = self.device.type == "cuda"
         per_token = measured_activation_per_token(self.pipeline) if on_cuda else estimated
         self.sizes = measure(self.pipeline, per_token)

@@ -25,7 +25,7 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
-from pipelines.memory_placement import ACTIVATION_VECTORS, measure_modules  # noqa: E402
+from pipelines.memory_placement import estimated_activation_per_token, measure_modules  # noqa: E402
 from pipelines.memory_plan import GIB, ModelBytes, PlanDoesNotFit, choose_plan  # noqa: E402
 
 CARDS_GB = (24, 16, 12, 8)
@@ -90,9 +90,7 @@ def model_bytes(family: Family) -> ModelBytes:
         denoisers, text_encoders, vaes = family.build()
     for module in (*denoisers, *text_encoders, *vaes):
         module.to(BF16)
-    widest = max(layer.in_features for model in denoisers for layer in model.modules()
-                 if isinstance(layer, torch.nn.Linear))
-    return measure_modules(denoisers, text_encoders, vaes, activation_per_token=ACTIVATION_VECTORS * widest * 2)
+    return measure_modules(denoisers, text_encoders, vaes, estimated_activation_per_token(denoisers, BF16))
 
 
 def engine_tokens(family: Family) -> int:

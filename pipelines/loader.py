@@ -163,11 +163,9 @@ def load_models(models: tuple[str, ...], options: LoadOptions | None = None) -> 
     """Every model, in order (the first is the engine's default, the one `denoiser_file` is for),
     each with its LoRA adapters."""
     options = options or LoadOptions()
-    pipelines = [_load_in_host_memory(model, options if index == 0 else replace(options, denoiser_file=None))
+    pipelines = [load_pipeline(model, options if index == 0 else replace(options, denoiser_file=None))
                  for index, model in enumerate(models)]  # the denoiser file is the first model's
     attach_adapters(pipelines, options)
-    for pipeline in pipelines:
-        _place(pipeline, options)
     return pipelines
 
 

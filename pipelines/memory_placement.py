@@ -154,13 +154,13 @@ def default_tokens(pipeline) -> int:
     return rows * tokens
 
 
-def estimated_activation_per_token(pipeline) -> int:
-    """Before anything runs on the device: a forward's activations per latent token, taken as 4
-    vectors of the denoiser's widest layer input in the serving dtype (the measurement after
-    placing replaces it: `measured_activation_per_token`)."""
-    widest = max((layer.in_features for model in pipeline.denoisers for layer in model.modules()
+def estimated_activation_per_token(denoisers, dtype: torch.dtype) -> int:
+    """Before anything runs on the device: a forward's activations per latent token, taken as
+    ACTIVATION_VECTORS vectors of the denoisers' widest layer input in `dtype` (the measurement
+    after placing replaces it: `measured_activation_per_token`)."""
+    widest = max((layer.in_features for model in denoisers for layer in model.modules()
                   if isinstance(layer, torch.nn.Linear)), default=0)
-    return ACTIVATION_VECTORS * widest * torch.tensor([], dtype=pipeline.dtype).element_size()
+    return ACTIVATION_VECTORS * widest * torch.tensor([], dtype=dtype).element_size()
 
 
 def measured_activation_per_token(pipeline) -> int:
@@ -198,7 +198,7 @@ def plan_and_place(pipeline, memory: str, batch_tokens: int) -> PlanChoice | Non
     if device.type != "cuda":
         place(pipeline, "resident" if memory == "auto" else memory)
         return None
-    sizes = measure(pipeline, estimated_activation_per_token(pipeline))
+    sizes = measure(pipeline, estimated_activation_per_token(pipeline.denoisers, pipeline.dtype))
     free = torch.cuda.mem_get_info(device)[0]
     one = default_tokens(pipeline)
     choice = choose_plan(sizes, free, batch_tokens, one, memory)
