@@ -68,6 +68,7 @@ from benchmarks.stress_callers import (  # noqa: E402 - after the path, for `pyt
     call_http,
     call_http_disconnect,
 )
+from benchmarks.client_streams import wait_for_closed_stream  # noqa: E402
 
 MAX_RSS_GROWTH_MB = 200  # from a quarter of the calls to the end
 DOOR = ("forged_history", "deep_json", "empty_hash", "crafted_png", "big_workflow", "sibling_cancel")
@@ -203,6 +204,7 @@ def worker(url: str, endpoints: Endpoints, count: int, seed: int, first: tuple[s
     for number in range(count):
         kind = first[number] if number < len(first) else rng.choices(KINDS, WEIGHTS)[0]
         via_gradio = kind.startswith("gradio") or (kind in ("fault", "hostile") and rng.random() < 0.5)
+        wait_for_closed_stream(client)
         started = time.monotonic()
         try:
             if kind == "http_disconnect":
@@ -344,7 +346,7 @@ def check_invariants(report: Report, outcomes: list, engine, recorder, requests:
         problems.append(f"{requests} calls sent, {len(outcomes)} answered")
     for answer in ("hang", "wrong"):
         if report.answers.get(answer):
-            examples = [o.detail for o in outcomes if o.answer == answer][:3]
+            examples = [f"{o.kind}/{o.via}: {o.detail}" for o in outcomes if o.answer == answer][:3]
             problems.append(f"{report.answers[answer]} calls got '{answer}': {examples}")
     for kind, counts in report.by_kind.items():
         unexpected = {answer: n for answer, n in counts.items() if answer not in EXPECTED[kind] | {"hang", "wrong"}}

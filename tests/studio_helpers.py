@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Callable
 
 import httpx
-from gradio_client import Client
+
+from benchmarks.client_streams import SettledClient
 
 from engine import Engine
 from studio.config import StudioOptions
@@ -36,9 +37,10 @@ def live_studio(pipeline, outputs: Path | None = None, **options):
 CLIENT_TIMEOUT_S = 120
 
 
-def connect(url: str, **options) -> Client:
-    """A gradio_client for a studio, quiet, with waits that hold on a loaded machine."""
-    return Client(url, verbose=False, httpx_kwargs={"timeout": CLIENT_TIMEOUT_S}, **options)
+def connect(url: str, **options) -> SettledClient:
+    """A gradio_client for a studio, quiet, with waits that hold on a loaded machine, that never
+    sends a call into a closing event stream (benchmarks/client_streams.py)."""
+    return SettledClient(url, verbose=False, httpx_kwargs={"timeout": CLIENT_TIMEOUT_S}, **options)
 
 
 def streamed(job) -> list[tuple]:

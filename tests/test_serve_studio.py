@@ -3,7 +3,7 @@ replicas of the built-in image and video models behind the studio ingress, drive
 gradio_client and the HTTP API. Checked: a request streams every step; /metrics labels both
 replicas; a Cancel, a client's job.cancel() (what a closed tab does) and a dropped HTTP
 connection abort on the replica; killing one replica
-mid-run runs its request again on the other and both finish, new requests succeed and Serve
+runs the request waiting on it again on the other and both finish, new requests succeed and Serve
 replaces the replica; stopping leaves no Ray process behind.
 Slow (a Ray cluster, the model loaded twice); needs the `serve` extra."""
 
@@ -31,7 +31,10 @@ from tests.studio_helpers import connect, statuses, wait_for, wait_until_serving
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-LONG = 400  # steps of a request that is still running when the test acts on it
+# Steps of a request still running when the test acts on it: the built-in image model makes a
+# 64x64 step in a few milliseconds, and gradio_client's view of a stream runs seconds behind.
+LONG = 1000  # the most steps a request may ask for
+LONG_VIDEO = 300  # a video step takes several image steps' time
 
 
 def _ray_processes() -> list[str]:
@@ -46,7 +49,8 @@ def _replica_pids() -> list[int]:
 
 def _metric(base: str, name: str, labels: str) -> float:
     text = httpx.get(base + "metrics", timeout=10).text
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(f"{name}{{{labels}")]
+    start = f"{name}{{{labels}" if labels else f"{name} "  # an unlabelled sample has no braces
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(start)]
     assert len(values) == 1, (name, labels, values)
     return values[0]
 
@@ -64,7 +68,8 @@ def studio(tmp_path_factory):
     port = free_port()
     config["http_options"] = {"host": "127.0.0.1", "port": port}
     args = config["applications"][0]["args"]
-    args.update(outputs=str(folder / "outputs"), max_steps=LONG)  # long requests: seconds, not a blink
+    # Long requests (seconds, not a blink), which one session's cost budget would refuse.
+    args.update(outputs=str(folder / "outputs"), max_steps=LONG, max_session_cost=None)
     path = folder / "stepstudio.yaml"
     path.write_text(yaml.safe_dump(config))
     log = open(folder / "serve.log", "w")
@@ -157,21 +162,31 @@ def test_a_dropped_http_connection_aborts_on_the_replica(studio):
     wait_for(lambda: _aborted_total(studio) == before + 1, timeout_s=30, what="the replica's abort")
 
 
-def test_killing_a_replica_mid_run_its_request_finishes_on_the_other_and_the_studio_keeps_serving(studio):
+def test_killing_a_replica_its_waiting_request_runs_on_the_other_and_the_studio_keeps_serving(studio):
+    """The requests a killed replica held run again on a live one. A built-in request takes a
+    second or two on the engine (and its client's stream runs seconds behind), too short to kill
+    a replica at a known moment mid-run, so each caller pauses its own queue first: the requests
+    wait on the replicas, one on each, when one is killed (mid-run kills: test_serve_replicas.py
+    and test_serve_faults.py, on a slow stand-in model)."""
     pids = _replica_pids()
     assert len(pids) == 2
-    client = connect(studio)
+    clients = [connect(studio), connect(studio)]  # two sessions: each pauses and resumes its own queue
+    for client in clients:
+        assert client.predict(False, api_name="/pause_queue")["paused"] is True
+    reruns = _metric(studio, "stepstudio_replica_rerun_requests_total", "")
     # An image and a video: two batch keys, so the router places them on the two replicas.
-    # Two sessions: one session's cost budget would hold the video back until the image is done.
-    jobs = [_generate(client, 64, steps=LONG), _generate_video(connect(studio), steps=LONG)]
-    for job in jobs:
-        wait_for(lambda job=job: _running(job, min_step=2), timeout_s=120, what="both requests running")
-    assert [statuses(job)[-1]["state"] for job in jobs] == ["running", "running"]
-    running = [_metric(studio, "stepstudio_running_requests", f'replica="replica {i}"') for i in (0, 1)]
-    assert running == [1.0, 1.0], (running, subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout)
+    jobs = [_generate(clients[0], 64, steps=LONG), _generate_video(clients[1], steps=LONG_VIDEO)]
+    wait_for(lambda: [_metric(studio, "stepstudio_queue_depth", f'replica="replica {i}"') for i in (0, 1)]
+             == [1.0, 1.0], timeout_s=120, what="one request waiting on each replica")
     os.kill(pids[0], signal.SIGKILL)
-    # The dead replica's request runs again on the other: both callers get their result.
-    assert [job.result(timeout=240)[0]["state"] for job in jobs] == ["completed", "completed"]
+    wait_for(lambda: _metric(studio, "stepstudio_replica_rerun_requests_total", "") == reruns + 1, timeout_s=120,
+             what="the killed replica's request sent again")
+    for client in clients:
+        client.predict(api_name="/resume_queue")
+    # Both callers get exactly their one result.
+    finals = [job.result(timeout=240)[0] for job in jobs]
+    assert [(f["state"], f["step"]) for f in finals] == [("completed", LONG), ("completed", LONG_VIDEO)]
+    assert _metric(studio, "stepstudio_replica_rerun_requests_total", "") == reruns + 1
     after = _generate(connect(studio), 64, steps=8)
     assert after.result(timeout=120)[0]["state"] == "completed"
     # Serve replaces the dead replica; /metrics shows two replicas again.
