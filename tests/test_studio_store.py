@@ -64,3 +64,14 @@ def test_a_branch_end_written_with_a_failing_commit_is_not_kept():
         store.branch_ended("run-1", 0, "x.png")
         raise RuntimeError("the History row could not be written")
     assert store.pending_runs()[0].ended == {}
+
+
+def test_an_outputs_folder_that_cannot_be_made_is_a_store_error_naming_it(tmp_path):
+    """`python app.py` turns a StoreError into its status-2 message: a file where the outputs
+    folder should be was a traceback."""
+    taken = tmp_path / "outputs"
+    taken.write_text("a file, not a folder")
+    with pytest.raises(database.StoreError, match=r"the outputs folder .*outputs can't be made: File exists "
+                                                  r"\(pick another --outputs, or --no-save\)"):
+        StudioStore.open(taken)
+    assert taken.read_text() == "a file, not a folder"

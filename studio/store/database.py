@@ -200,7 +200,11 @@ def open_database(path: Path | None, history_folder: Path | None = None) -> sqli
     `history_folder`: where the history files of earlier studios are, for the first migration.
     Raises StoreError (see the module docstring)."""
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # a file where the folder goes, no permission, a read-only disk
+            raise StoreError(f"the outputs folder {path.parent} can't be made: {error.strerror or error} "
+                             "(pick another --outputs, or --no-save).") from None
         _hold_lock(path)
     try:
         connection = _connect(path)
