@@ -26,11 +26,18 @@ def studio():
 def test_32_sessions_share_forwards_and_the_page_stays_responsive(studio):
     server, engine, pipeline = studio
     answered = threading.Event()
+    joined = threading.Event()
 
     def hold_the_last_step(index, batch) -> None:
         # The sessions stream freely; only their last step waits, and only until the page has
         # answered: the answers surely come while every session is still streaming, however
-        # busy the machine (no clock involved).
+        # busy the machine (no clock involved). The first forward also waits until half of the
+        # sessions have reached the engine: on a loaded machine 32 submits can take longer than
+        # one request's 30 steps, and the first ones would end (or hold) before the rest join.
+        if not joined.is_set():
+            wait_for(lambda: engine.requests_in_flight >= SESSIONS // 2, timeout_s=120,
+                     what="half of the sessions at the engine")
+            joined.set()
         if not answered.is_set() and any(v.step >= STEPS - 1 for v in engine.snapshot().requests):
             answered.wait(120)
 
