@@ -12,7 +12,6 @@ from typing import Callable
 import httpx
 
 from benchmarks.client_streams import SettledClient
-
 from engine import Engine
 from studio.config import StudioOptions
 from studio.app import build_app
