@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import dataclasses
 import logging
 import os
 import secrets
@@ -231,14 +230,11 @@ def _check_builtin(model: str) -> None:
 
 def load_model(config: StudioOptions, model: str | None = None):
     """One of the configured models (default: the first) as a step pipeline, without adapters."""
-    from pipelines.loader import load_pipeline
+    from pipelines.loader import load_pipeline, options_for_model
 
     model = model or config.model
     _check_builtin(model)
-    options = load_options(config)
-    if model != config.model:  # --denoiser-file is the first model's
-        options = dataclasses.replace(options, denoiser_file=None)
-    return load_pipeline(model, options)
+    return load_pipeline(model, options_for_model(load_options(config), first=model == config.model))
 
 
 def load_models(config: StudioOptions) -> list:

@@ -159,12 +159,17 @@ def _load_in_host_memory(model: str | None, options: LoadOptions) -> StepPipelin
     return pipeline
 
 
+def options_for_model(options: LoadOptions, first: bool) -> LoadOptions:
+    """The options one model loads with: `denoiser_file` is the first model's only."""
+    return options if first else replace(options, denoiser_file=None)
+
+
 def load_models(models: tuple[str, ...], options: LoadOptions | None = None) -> list[StepPipeline]:
     """Every model, in order (the first is the engine's default, the one `denoiser_file` is for),
     each with its LoRA adapters."""
     options = options or LoadOptions()
-    pipelines = [load_pipeline(model, options if index == 0 else replace(options, denoiser_file=None))
-                 for index, model in enumerate(models)]  # the denoiser file is the first model's
+    pipelines = [load_pipeline(model, options_for_model(options, first=index == 0))
+                 for index, model in enumerate(models)]
     attach_adapters(pipelines, options)
     return pipelines
 
