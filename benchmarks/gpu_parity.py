@@ -85,33 +85,13 @@ def tiny_builders() -> dict[str, Callable]:
 
 
 def load_stock(class_name: str, folder: Path, device: torch.device, dtype: torch.dtype):
-    """`diffusers.<class_name>.from_pretrained(folder, dtype=dtype)` on the device.
-
-    Without `accelerate`, diffusers 0.42 refuses models that keep modules in float32 (Wan's
-    transformers); those are then built from their config and safetensors (public API too),
-    without the float32 modules (only the CPU dry run, in float32, lacks accelerate)."""
+    """`diffusers.<class_name>.from_pretrained(folder, dtype=dtype)` on the device (accelerate, a
+    dependency, lets it keep Wan's float32 modules as diffusers does)."""
     import diffusers
-    import safetensors.torch
 
-    pipeline_class = getattr(diffusers, class_name)
-    try:
-        pipe = pipeline_class.from_pretrained(folder, dtype=dtype, use_safetensors=True)
-        how = "from_pretrained"
-    except ValueError as exc:
-        if "low_cpu_mem_usage" not in str(exc):
-            raise
-        models = {}
-        for name, entry in json.loads((folder / "model_index.json").read_text()).items():
-            library, model_name = entry if isinstance(entry, list) and len(entry) == 2 else (None, None)
-            model_class = getattr(diffusers, model_name, None) if library == "diffusers" else None
-            if model_class is not None and getattr(model_class, "_keep_in_fp32_modules", None):
-                model = model_class.from_config(model_class.load_config(folder / name))
-                model.load_state_dict(safetensors.torch.load_file(folder / name / "diffusion_pytorch_model.safetensors"))
-                models[name] = model.to(dtype).eval()
-        pipe = pipeline_class.from_pretrained(folder, dtype=dtype, use_safetensors=True, **models)
-        how = "from_pretrained; " + ", ".join(models) + " from config + safetensors (no accelerate)"
+    pipe = getattr(diffusers, class_name).from_pretrained(folder, dtype=dtype, use_safetensors=True)
     pipe.set_progress_bar_config(disable=True)
-    return pipe.to(device), how
+    return pipe.to(device), "from_pretrained"
 
 
 # ---------------------------------------------------------------------------- our side
