@@ -2,15 +2,16 @@
 callers' way around it (benchmarks/client_streams.py).
 
 A Client reads all its jobs from one event stream, which the server closes once the session has
-nothing pending. Here the client's reader is made slow to read that close (as a loaded GIL makes
-it): a call sent in the gap is filed under the closing stream and raises CancelledError though
-the server ran it. If gradio_client stops doing this, the first test fails: the wait can go."""
+nothing pending. Here the client's reader reads that close only once the next call was sent (as
+a loaded GIL can make it): a call sent in that gap is filed under the closing stream and raises
+CancelledError though the server ran it. If gradio_client stops doing this, the first test fails:
+the wait can go."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
-import time
+import threading
 import types
 
 import gradio as gr
@@ -20,18 +21,36 @@ import gradio_client.client as client_module
 
 from benchmarks.client_streams import SettledClient, wait_for_closed_stream
 
-READER_DELAY_S = 0.5
+# How long the reader waits, on reading a close, for the next call to be sent: the race needs
+# no clock (a call sent in that time always lands in the closing stream), this only bounds the
+# wait when no call comes (the last one, or a client that waits for the close).
+READER_WAIT_S = 1.0
 
 
 @pytest.fixture
 def slow_reader_client(monkeypatch):
-    """A Client on a one-line app whose reader thread reads the server's close_stream late."""
+    """A Client on a one-line app whose reader thread, on reading the server's close_stream,
+    first lets the next call be sent (as a busy GIL can): the gap of the race, held open."""
+    sent = threading.Condition()
+    calls_sent = [0]
+
+    def send_data(self, *args, **kwargs):
+        event_id = original_send_data(self, *args, **kwargs)
+        with sent:
+            calls_sent[0] += 1
+            sent.notify_all()
+        return event_id
+
     def loads(text, *args, **kwargs):
         value = json.loads(text, *args, **kwargs)
         if isinstance(value, dict) and value.get("msg") == "close_stream":
-            time.sleep(READER_DELAY_S)
+            with sent:
+                before = calls_sent[0]
+                sent.wait_for(lambda: calls_sent[0] > before, timeout=READER_WAIT_S)
         return value
 
+    original_send_data = Client.send_data
+    monkeypatch.setattr(Client, "send_data", send_data)
     monkeypatch.setattr(client_module, "json", types.SimpleNamespace(
         loads=loads, dumps=json.dumps, dump=json.dump, load=json.load, JSONDecodeError=json.JSONDecodeError))
     demo = gr.Interface(lambda text: text.upper(), gr.Textbox(), gr.Textbox(), api_name="echo")
