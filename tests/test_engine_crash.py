@@ -119,6 +119,10 @@ def test_a_submit_racing_close_is_answered_not_stranded():
     lock = ledger._lock = _WatchedLock(ledger._lock)
     engine._commands = commands = _CloseDuringSubmit(engine, lock, gate)
     racing = engine.submit(params(seed=2), session_id="b")
+    # The first request is held until the close has queued its stop, so it ends by the stop too
+    # (released at once, it could finish its 3 steps first on a busy machine).
+    with lock.changed:
+        assert lock.changed.wait_for(lambda: commands.stop_queued, 30), "the close never queued its stop"
     gate.release()
     final = racing.result(timeout=30)
     commands.closer.join(30)
