@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from dataclasses import replace
 from typing import Callable
 
@@ -130,14 +131,17 @@ class ReplicatedQueueControl:
         """Every live replica's answer to `method`. Serve's broadcast skips a replica it finds
         busy for a moment, so the replicas the board knows and that did not answer are asked again
         (and only they) until each has, or `call_timeout_s` has passed."""
+        call_id = uuid.uuid4().hex  # a replica asked again repeats its answer rather than act twice
+
         async def call() -> dict[str, object]:
             heard: dict[str, object] = {}
             deadline = time.monotonic() + self.call_timeout_s
             only = None
             while True:
                 try:
-                    answers = await self._handle.broadcast(method, *args, only=only, **kwargs).results_async(
-                        timeout_s=max(deadline - time.monotonic(), 0.1), return_exceptions=True)
+                    sent = self._handle.broadcast(method, *args, only=only, call_id=call_id, **kwargs)
+                    answers = await sent.results_async(timeout_s=max(deadline - time.monotonic(), 0.1),
+                                                       return_exceptions=True)
                 except (TimeoutError, DeploymentUnavailableError):  # no replica now: the next refresh tells them
                     answers = []
                 for answer in answers:

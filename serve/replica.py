@@ -28,6 +28,7 @@ import importlib
 import logging
 import os
 import time
+from collections import OrderedDict
 from dataclasses import replace
 from typing import AsyncIterator
 
@@ -46,6 +47,8 @@ from serve.wire import (
 )
 
 log = logging.getLogger(__name__)
+
+ANSWERS_KEPT = 64  # the latest queue-control answers a replica remembers, to repeat when asked again
 
 
 def apply_cpu_settings(settings: ReplicaSettings, local_rank: int) -> tuple[int, ...]:
@@ -139,33 +142,46 @@ class EngineReplica:
 
     # ------------------------------------------------------------------ queue control (broadcast)
     # Each answers `Answered(replica id, value)`, or None when `only` names other replicas (the
-    # facade asking again the ones a broadcast missed: the others already did it once).
+    # facade asking again the ones a broadcast missed: the others already did it once). `call_id`
+    # names the facade's call: asked again for one it already did (its answer was lost on the
+    # way), a replica repeats that answer instead of doing it twice (a second clear would count 0).
     async def pause_queue(self, session_id: str, abort_running: bool = False, until: float | None = None,
-                          only: frozenset[str] | None = None) -> Answered | None:
-        return self._answer(only, lambda: self.engine.pause_queue(session_id, abort_running=abort_running, until=until))
+                          only: frozenset[str] | None = None, call_id: str | None = None) -> Answered | None:
+        return self._answer(only, call_id,
+                            lambda: self.engine.pause_queue(session_id, abort_running=abort_running, until=until))
 
-    async def resume_queue(self, session_id: str, only: frozenset[str] | None = None) -> Answered | None:
-        return self._answer(only, lambda: self.engine.resume_queue(session_id))
+    async def resume_queue(self, session_id: str, only: frozenset[str] | None = None,
+                           call_id: str | None = None) -> Answered | None:
+        return self._answer(only, call_id, lambda: self.engine.resume_queue(session_id))
 
-    async def pause_engine(self, only: frozenset[str] | None = None) -> Answered | None:
-        return self._answer(only, self.engine.pause_engine)
+    async def pause_engine(self, only: frozenset[str] | None = None, call_id: str | None = None) -> Answered | None:
+        return self._answer(only, call_id, self.engine.pause_engine)
 
-    async def resume_engine(self, only: frozenset[str] | None = None) -> Answered | None:
-        return self._answer(only, self.engine.resume_engine)
+    async def resume_engine(self, only: frozenset[str] | None = None, call_id: str | None = None) -> Answered | None:
+        return self._answer(only, call_id, self.engine.resume_engine)
 
     async def move_request(self, request_id: str, session_id: str, before: str | None = None,
-                           only: frozenset[str] | None = None) -> Answered | None:
+                           only: frozenset[str] | None = None, call_id: str | None = None) -> Answered | None:
         """False on the replicas that don't hold the request (all but one)."""
-        return self._answer(only, lambda: self.engine.move_request(request_id, session_id, before=before))
+        return self._answer(only, call_id, lambda: self.engine.move_request(request_id, session_id, before=before))
 
     async def clear_queue(self, session_id: str, include_running: bool = False,
-                          only: frozenset[str] | None = None) -> Answered | None:
-        return self._answer(only, lambda: self.engine.clear_queue(session_id, include_running=include_running))
+                          only: frozenset[str] | None = None, call_id: str | None = None) -> Answered | None:
+        return self._answer(only, call_id,
+                            lambda: self.engine.clear_queue(session_id, include_running=include_running))
 
-    def _answer(self, only: frozenset[str] | None, call) -> Answered | None:
+    def _answer(self, only: frozenset[str] | None, call_id: str | None, call) -> Answered | None:
         if only is not None and self.replica_id not in only:
             return None
-        return Answered(self.replica_id, call())
+        answered = self.__dict__.setdefault("_answered", OrderedDict())  # call id -> value, the latest kept
+        if call_id is not None and call_id in answered:
+            return Answered(self.replica_id, answered[call_id])
+        value = call()
+        if call_id is not None:
+            answered[call_id] = value
+            while len(answered) > ANSWERS_KEPT:
+                answered.popitem(last=False)
+        return Answered(self.replica_id, value)
 
     async def apply_pauses(self, state: PauseState) -> None:
         """Make this engine's pauses `state`: the facade's, told whole when this replica missed a change."""

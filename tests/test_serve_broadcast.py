@@ -3,7 +3,8 @@
 Serve's router sends a broadcast to the replicas it holds as available and silently skips one it
 finds busy for a moment (ActorUnavailableError): a clear then counted (and cleared) one replica's
 requests only. The facade (serve/queue_control.py) asks again, and only, the replicas its board
-knows that did not answer. Here a stand-in for the deployment handle skips a chosen replica once;
+knows that did not answer, and a replica asked again for a call it already did (its answer lost
+on the way) repeats its answer. Here a stand-in for the deployment handle skips a chosen replica once;
 the replicas are the real `EngineReplica` queue methods over real local engines. Needs the `serve`
 extra.
 """
@@ -36,6 +37,7 @@ class _SkippingHandle:
     def __init__(self, replicas: list[EngineReplica]) -> None:
         self.replicas = replicas
         self.skip: set[str] = set()
+        self.lose: set[str] = set()  # these run the call, but their answer is lost on the way (once)
         self.sent: list[tuple[str, frozenset | None, list[str]]] = []
 
     @property
@@ -52,9 +54,15 @@ class _SkippingHandle:
         if method == "report":
             return _Answers([replica.report() for replica in self.replicas])
         reached = [replica for replica in self.replicas if replica.replica_id not in self.skip]
-        self.skip = set()
+        lose, self.skip, self.lose = self.lose, set(), set()
         self.sent.append((method, kwargs.get("only"), [replica.replica_id for replica in reached]))
-        return _Answers([getattr(replica, method)(*args, **kwargs) for replica in reached])
+        return _Answers([self._lost(getattr(replica, method)(*args, **kwargs)) if replica.replica_id in lose
+                         else getattr(replica, method)(*args, **kwargs) for replica in reached])
+
+    @staticmethod
+    async def _lost(call):
+        await call  # the replica did it
+        return RuntimeError("the answer was lost on the way")
 
 
 def _replica(replica_id: str) -> EngineReplica:
@@ -108,3 +116,19 @@ def test_a_replica_gone_from_the_board_is_not_waited_for(replicas):
     assert r0.engine.pause_state.engine and not r1.engine.pause_state.engine
     facade.resume_engine()
     assert not r0.engine.pause_state.engine
+
+
+def test_a_replica_whose_answer_was_lost_repeats_it_when_asked_again_instead_of_clearing_twice(replicas):
+    facade, handle, (r0, r1) = replicas
+    facade.pause_queue("q")
+    held = [r0.engine.submit(GenerationParams(prompt="held", num_inference_steps=50), session_id="q"),
+            r1.engine.submit(GenerationParams(prompt="held", num_inference_steps=50), session_id="q"),
+            r1.engine.submit(GenerationParams(prompt="held", num_inference_steps=50), session_id="q")]
+    handle.lose, handle.sent = {"r1"}, []
+    # r1 cleared its two at the first broadcast; asked again, it repeats "2" (a second clear would say 0).
+    assert facade.clear_queue("q") == 3
+    assert handle.sent == [("clear_queue", None, ["r0", "r1"]), ("clear_queue", frozenset({"r1"}), ["r0", "r1"])]
+    assert [request.result(timeout=30) for request in held] == [Aborted(CLEAR_REASON, cause="cancelled")] * 3
+    # A new call is a new call: the next clear counts what is there now.
+    assert facade.clear_queue("q") == 0
+    facade.resume_queue("q")
