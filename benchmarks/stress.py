@@ -68,7 +68,7 @@ from benchmarks.stress_callers import (  # noqa: E402 - after the path, for `pyt
     call_http,
     call_http_disconnect,
 )
-from benchmarks.client_streams import wait_for_closed_stream  # noqa: E402
+from benchmarks.client_streams import SettledClient  # noqa: E402
 
 MAX_RSS_GROWTH_MB = 200  # from a quarter of the calls to the end
 DOOR = ("forged_history", "deep_json", "empty_hash", "crafted_png", "big_workflow", "sibling_cancel")
@@ -197,14 +197,11 @@ def start_studio(step_delay_s: float, outputs: Path):
 def worker(url: str, endpoints: Endpoints, count: int, seed: int, first: tuple[str, ...], outcomes: list,
            lock: threading.Lock) -> None:
     """`count` calls: first the kinds in `first` (so every kind is in even a short run), then a random mix."""
-    from gradio_client import Client
-
     rng = random.Random(seed)
-    client = Client(url, verbose=False, httpx_kwargs={"timeout": CALL_TIMEOUT_S})
+    client = SettledClient(url, verbose=False, httpx_kwargs={"timeout": CALL_TIMEOUT_S})
     for number in range(count):
         kind = first[number] if number < len(first) else rng.choices(KINDS, WEIGHTS)[0]
         via_gradio = kind.startswith("gradio") or (kind in ("fault", "hostile") and rng.random() < 0.5)
-        wait_for_closed_stream(client)
         started = time.monotonic()
         try:
             if kind == "http_disconnect":

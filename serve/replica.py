@@ -89,6 +89,7 @@ class EngineReplica:
         self.replica_id = context.replica_id.unique_id
         rank = getattr(context, "rank", None)
         self.label = f"replica {rank.rank}" if rank is not None else f"replica {self.replica_id}"
+        self.answered: OrderedDict[str, object] = OrderedDict()  # queue-control call id -> answer, the latest
         self.cores = apply_cpu_settings(settings, rank.local_rank if rank is not None else 0)
         pipelines = build_pipelines(settings)
         self.device = str(getattr(pipelines[0], "device", settings.device or "cpu"))
@@ -173,7 +174,7 @@ class EngineReplica:
     def _answer(self, only: frozenset[str] | None, call_id: str | None, call) -> Answered | None:
         if only is not None and self.replica_id not in only:
             return None
-        answered = self.__dict__.setdefault("_answered", OrderedDict())  # call id -> value, the latest kept
+        answered = self.answered
         if call_id is not None and call_id in answered:
             return Answered(self.replica_id, answered[call_id])
         value = call()

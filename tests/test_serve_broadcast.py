@@ -11,6 +11,8 @@ extra.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import pytest
 
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install -e '.[serve]')")
@@ -68,6 +70,7 @@ class _SkippingHandle:
 def _replica(replica_id: str) -> EngineReplica:
     replica = EngineReplica.__new__(EngineReplica)  # without Serve's replica context: only the queue calls
     replica.replica_id, replica.label, replica.device = replica_id, f"replica {replica_id}", "cpu"
+    replica.answered = OrderedDict()
     replica.engine = Engine(ToyPipeline(step_delay_s=0.01)).start()
     return replica
 
