@@ -73,7 +73,9 @@ def rows(page) -> list[dict]:
     return page.eval_on_selector_all("#ss-tab-queue .ss-job", "els => els.map(el => ({...el.dataset}))")
 
 
-def wait_rows(page, condition: str, timeout: int = 20000) -> None:
+def wait_rows(page, condition: str, timeout: int = 120_000) -> None:
+    """Until the tab's queue rows meet `condition`: a generation's time, which on a loaded machine
+    (a whole suite on 2 cores) has gone past 20 s; a long wait only where it would fail anyway."""
     page.wait_for_function(
         f"() => {{ const rows = [...document.querySelectorAll('#ss-tab-queue .ss-job')].map(el => el.dataset); "
         f"return {condition}; }}", timeout=timeout)
