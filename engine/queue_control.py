@@ -125,10 +125,13 @@ class QueueControl:
         """Abort `session_id`'s waiting requests (and its running ones, with `include_running`)
         at the next step boundary. Returns how many of its requests were in flight when asked
         (running ones counted only with `include_running`)."""
+        # Counted before the command is queued: the engine thread may abort them (and drop them
+        # from the ledger) the moment it is, before this thread counts.
+        count = sum(1 for request in self._ledger.entries() if request.session_id == session_id
+                    and (include_running or request.started_at is None))
         self._commands.put(AbortSessionRequests(session_id, waiting=True, running=include_running,
                                                 reason=CLEAR_REASON, requested_at=time.perf_counter()))
-        return sum(1 for request in self._ledger.entries() if request.session_id == session_id
-                   and (include_running or request.started_at is None))
+        return count
 
     # ------------------------------------------------------------------ engine thread
     def _apply_queue_command(self, command) -> None:

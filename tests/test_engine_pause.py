@@ -1,6 +1,8 @@
 """Pausing, resuming, reordering and clearing a queue: exact states and step counts, with the
 engine thread acting at exact forwards (the toy pipeline's `on_forward` hook runs on it)."""
 
+import time
+
 import pytest
 
 from engine import Aborted, Completed, Engine, Queued
@@ -189,5 +191,40 @@ def test_a_paused_request_does_not_join_the_forward_of_another_sessions_request_
         assert pipeline.forward_log == [(other.request_id,)] * 3 and pipeline.encoded == [other.request_id]
         engine.resume_queue("a")
         assert isinstance(held.result(timeout=30), Completed)
+    finally:
+        engine.close()
+
+
+class _AppliedAtOnce:
+    """The engine's command queue, where a clear is applied before `put` returns: the engine
+    thread winning the race against the clearing thread (seen under load on a replica)."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.inner = engine, engine._commands
+
+    def put(self, command) -> None:
+        self.inner.put(command)
+        if type(command).__name__ == "AbortSessionRequests":
+            deadline = time.monotonic() + 30
+            while self.engine.requests_in_flight and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+    def get(self, *args, **kwargs):
+        return self.inner.get(*args, **kwargs)
+
+    def get_nowait(self):
+        return self.inner.get_nowait()
+
+
+def test_a_clear_counts_the_requests_the_engine_thread_aborts_before_the_call_returns():
+    engine = Engine(ToyPipeline(), max_batch_requests=1)
+    engine.pause_queue("a")
+    held = [engine.submit(params(seed=i, steps=2), session_id="a") for i in range(3)]
+    engine._commands = _AppliedAtOnce(engine)
+    engine.start()
+    try:
+        assert [next(handle.events(timeout=30)).paused for handle in held] == ["session"] * 3
+        assert engine.clear_queue("a") == 3 and engine.requests_in_flight == 0
+        assert [handle.result(timeout=30).reason for handle in held] == [CLEAR_REASON] * 3
     finally:
         engine.close()
