@@ -24,9 +24,11 @@ LONGEST_FIRST = (
 
 
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: two workers a core (at most 8). Much of the run waits on studio processes,
-    browsers and Ray rather than computing; measured in docs/testing.md."""
-    return min(8, 2 * (os.cpu_count() or 1))
+    """`-n auto`: a worker a core and one more (at most 8), so one worker's waits on a studio
+    process, a browser or Ray leave no core idle. Measured on a quiet 2-core machine (docs/testing.md):
+    3 workers 7 min 07 s, 2 workers 7 min 28 s, 4 workers 8 min 49 s (each worker imports torch,
+    diffusers and Gradio, and four contend for two cores: 2 minutes more CPU time)."""
+    return min(8, (os.cpu_count() or 1) + 1)
 
 
 def pytest_collection_modifyitems(config, items):
