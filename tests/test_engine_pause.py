@@ -6,7 +6,7 @@ import time
 import pytest
 
 from engine import Aborted, Completed, Engine, Queued
-from engine.queue_control import CLEAR_REASON, PAUSE_ABORT_REASON
+from engine.queue_control import CLEAR_REASON, PAUSE_ABORT_REASON, AbortSessionRequests
 from pipelines.toy import ToyPipeline
 from tests.engine_helpers import params
 
@@ -204,7 +204,7 @@ class _AppliedAtOnce:
 
     def put(self, command) -> None:
         self.inner.put(command)
-        if type(command).__name__ == "AbortSessionRequests":
+        if isinstance(command, AbortSessionRequests):
             deadline = time.monotonic() + 30
             while self.engine.requests_in_flight and time.monotonic() < deadline:
                 time.sleep(0.01)
