@@ -117,9 +117,61 @@ def train_vae(args) -> None:
 
 
 def load_vae(args):
+    if args.vae_from:
+        from diffusers import AutoencoderKL
+        return AutoencoderKL.from_pretrained(args.vae_from / "vae").eval().requires_grad_(False)
     vae = build_vae()
     vae.load_state_dict(torch.load(args.work_dir / "vae.pt", weights_only=False)["model"])
     return vae.eval().requires_grad_(False)
+
+
+def latent_normalization(vae, measured_shift: float, measured_scale: float) -> tuple[float, float]:
+    """A VAE taken from a model folder keeps that model's normalization (a transformer
+    initialized from the same folder learned in it); a VAE trained here uses what was measured."""
+    if vae.config.shift_factor is not None and vae.config.scaling_factor != 1.0:
+        return float(vae.config.shift_factor), float(vae.config.scaling_factor)
+    return measured_shift, measured_scale
+
+
+# ----------------------------------------------------------------------------- initialization
+
+
+def copy_rows_by_token(new_embedding: torch.nn.Embedding, new_vocab: dict[str, int],
+                       old_embedding: torch.nn.Embedding, old_vocab: dict[str, int]) -> int:
+    """Copy the old model's embedding of every token both vocabularies hold (ids differ
+    once words are added); new tokens keep their fresh initialization."""
+    copied = 0
+    with torch.no_grad():
+        for token, new_id in new_vocab.items():
+            old_id = old_vocab.get(token)
+            if old_id is not None:
+                new_embedding.weight[new_id] = old_embedding.weight[old_id]
+                copied += 1
+    return copied
+
+
+def initialize_from(folder: Path, transformer, text_models, clip_tokenizer, t5_tokenizer) -> None:
+    """Start from a trained model folder of the same architecture (v1): the transformer as it
+    is, each text encoder with its token embeddings moved to the new vocabulary's ids."""
+    from transformers import CLIPTextModel, CLIPTokenizer, T5EncoderModel, T5Tokenizer
+    from diffusers import FluxTransformer2DModel
+
+    transformer.load_state_dict(FluxTransformer2DModel.from_pretrained(folder / "transformer").state_dict())
+    for new_model, old_class, old_tokenizer_class, sub, new_tokenizer in (
+        (text_models.clip, CLIPTextModel, CLIPTokenizer, "", clip_tokenizer),
+        (text_models.t5, T5EncoderModel, T5Tokenizer, "_2", t5_tokenizer),
+    ):
+        old_model = old_class.from_pretrained(folder / f"text_encoder{sub}")
+        old_tokenizer = old_tokenizer_class.from_pretrained(folder / f"tokenizer{sub}")
+        new_state = new_model.state_dict()
+        # Everything but the token embeddings (their row count is the vocabulary's) as it is.
+        state = {k: v for k, v in old_model.state_dict().items() if v.shape == new_state[k].shape}
+        skipped = set(new_state) - set(state)
+        assert all("embed" in k or k == "shared.weight" for k in skipped), skipped
+        new_model.load_state_dict({**new_state, **state})
+        copied = copy_rows_by_token(new_model.get_input_embeddings(), new_tokenizer.get_vocab(),
+                                    old_model.get_input_embeddings(), old_tokenizer.get_vocab())
+        log(f"init: {type(new_model).__name__} from {folder}, {copied} of {len(new_tokenizer)} token rows copied")
 
 
 # ----------------------------------------------------------------------------- latents
@@ -150,7 +202,7 @@ def encode_latents(args) -> None:
         if index % 11 == 10:
             log(f"latents: {index + 1}/{len(CANVASES)} canvases, {time.time() - started:.0f} s")
     sample = torch.cat(samples)
-    shift, scale = sample.mean().item(), 1.0 / sample.std().item()
+    shift, scale = latent_normalization(vae, sample.mean().item(), 1.0 / sample.std().item())
     log(f"latents: {len(CANVASES)} canvases x {args.per_canvas}, shift_factor {shift:.4f}, scaling_factor {scale:.4f}")
     save_atomically({"buckets": buckets, "shift": shift, "scale": scale}, path)
 
@@ -174,6 +226,8 @@ def train_transformer(args) -> None:
     torch.manual_seed(args.seed)
     transformer = build_transformer()
     text_models = TextModels(clip_tokenizer, t5_tokenizer)
+    if args.init_from:
+        initialize_from(args.init_from, transformer, text_models, clip_tokenizer, t5_tokenizer)
     modules = torch.nn.ModuleDict({"transformer": transformer, "text": text_models})
     ema = copy.deepcopy(modules).requires_grad_(False)
     optimizer = torch.optim.AdamW(modules.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.99))
@@ -342,6 +396,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--checkpoint-minutes", type=float, default=5.0)
     parser.add_argument("--snapshot-minutes", type=float, default=30.0, help="keep a copy this often (0: never)")
+    parser.add_argument("--vae-from", type=Path, default=None,
+                        help="a model folder whose VAE (and its normalization) to use instead of training one")
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="a model folder of the same architecture to start the transformer and text encoders from")
     parser.add_argument("--vae-steps", type=int, default=100000)
     parser.add_argument("--vae-minutes", type=float, default=20.0, help="time budget (0: steps only)")
     parser.add_argument("--vae-batch", type=int, default=16)
