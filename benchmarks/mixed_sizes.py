@@ -86,16 +86,16 @@ def figures(records: list, wall_s: float) -> dict:
             "latency_p50_s": _pct(latency, 0.5), "latency_p95_s": _pct(latency, 0.95)}
 
 
-def engine_system(pipeline, packs: bool, keep_images: bool = True):
+def engine_system(pipeline, packs: bool, max_tokens: int | None, keep_images: bool = True):
     from benchmarks.systems import EngineSystem
 
     return EngineSystem("builtin", mode="step", max_batch=8, preview_every=0, step_cache=0.0, packs=packs,
-                        pipeline=pipeline, keep_images=keep_images)
+                        pipeline=pipeline, keep_images=keep_images, max_batch_tokens=max_tokens)
 
 
-def small_beside_large(pipeline, packs: bool, steps: int) -> dict:
+def small_beside_large(pipeline, packs: bool, steps: int, max_tokens: int | None) -> dict:
     """Latency of a 48x48 request alone, and submitted once a 128x128 one has run its first step."""
-    system = engine_system(pipeline, packs, keep_images=False)
+    system = engine_system(pipeline, packs, max_tokens, keep_images=False)
     small = WorkItem(index=0, user=0, arrival_s=0.0, prompt="a red circle", steps=steps, size=SMALL[0], seed=1,
                      cancel_after_step=None, height=SMALL[1])
     large = WorkItem(index=1, user=1, arrival_s=0.0, prompt="a large blue square", steps=steps, size=LARGE[0], seed=2,
@@ -158,6 +158,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--sizes", default=",".join(DEFAULT_SIZES), help="comma-separated WIDTHxHEIGHT")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="the engine's token budget per forward (default: the engine's, 8 requests of the model's default size)")
     parser.add_argument("--diffusers-requests", type=int, default=16,
                         help="requests diffusers serves per round (it is slow; the first N of the workload)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
@@ -189,7 +191,7 @@ def main(argv: list[str] | None = None) -> dict:
                 system = DiffusersSystem(args.model, preview_every=0, keep_images=True)
                 records, wall = run_closed_loop(system, short)
             else:
-                system = engine_system(pipeline, packs=name == "packed")
+                system = engine_system(pipeline, packs=name == "packed", max_tokens=args.max_tokens)
                 records, wall = run_closed_loop(system, workload)
             system.close()
             this_round[name] = figures(records, wall)
@@ -200,7 +202,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"round {round_index + 1} {name}: {this_round[name]['images_per_s']:.2f} images/s", flush=True)
         rounds.append(this_round)
     forward = ceiling(pipeline, sizes, repeats=10)
-    probe = {name: small_beside_large(pipeline, packs=name == "packed", steps=args.steps) for name in ("packed", "turns")}
+    probe = {name: small_beside_large(pipeline, packs=name == "packed", steps=args.steps, max_tokens=args.max_tokens)
+             for name in ("packed", "turns")}
     pipeline.packs = True
 
     def median(name: str, key: str) -> float:

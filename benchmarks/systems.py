@@ -69,7 +69,8 @@ class EngineSystem:
 
     def __init__(self, model: str, mode: str, max_batch: int, preview_every: int,
                  guidance_scale: float | None = None, step_cache: float | None = 0.0,
-                 batched_decodes: bool = True, packs: bool = True, pipeline=None, keep_images: bool = False) -> None:
+                 batched_decodes: bool = True, packs: bool = True, pipeline=None, keep_images: bool = False,
+                 max_batch_tokens: int | None = None) -> None:
         self.pipeline = pipeline or load_pipeline(model)
         self.images: dict[int, object] | None = {} if keep_images else None  # item index -> its first image
         if not packs and getattr(self.pipeline, "packs", False):
@@ -79,7 +80,7 @@ class EngineSystem:
         self.step_cache = step_cache
         limits = ServingLimits(max_steps=1000, max_size=4096, max_queue=100_000, max_per_session=100_000)
         self.engine = Engine(self.pipeline, mode=mode, max_batch_requests=max_batch, limits=limits,
-                             batched_decodes=batched_decodes).start()
+                             batched_decodes=batched_decodes, max_batch_tokens=max_batch_tokens).start()
 
     def params(self, item: WorkItem) -> GenerationParams:
         return GenerationParams(

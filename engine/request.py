@@ -60,6 +60,9 @@ class Request:
     scheduled_steps: int | None = None
     # Steps that reused the request's cached residual instead of the model's later blocks (step caching).
     skipped_steps: tuple[int, ...] = ()
+    # Rows x tokens of the forwards that ran without it since it last stepped, while it sat out
+    # as an outlier (see engine.scheduler: a large request beside small ones).
+    held_back_cost: int = 0
 
     @property
     def total_steps(self) -> int:

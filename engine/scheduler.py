@@ -14,6 +14,13 @@ It is the only place that changes a request's status. Policy:
   the next boundary. Admission stops at the first request that doesn't fit the budget, so a
   request larger than the whole budget waits until its group's forward is empty, then runs
   alone: never refused for being big, never passed over for ever by smaller ones.
+- Outliers sit out (step mode): a running request whose rows x tokens exceed
+  `OUTLIER_FACTOR` times those of the rest of the forward together (a 128x128 request beside
+  one 48x48 request) sits the step out, so the small one keeps its own pace instead of the
+  large one's (a forward's time grows with its tokens: on the CPU the two together take about
+  four times the small one's step). It sits out only until the forwards that ran without it
+  add up to `HOLD_LIMIT` times its own step, then runs with them, so it keeps at least a fifth
+  of the device and never starves; beside several requests (the usual mix) it is no outlier.
 - Request mode: once a group of up to `max_batch_requests` requests is admitted it runs
   alone until all of its members finish (the classic "one batch at a time" server).
 - Admission is fair across sessions: sessions take turns (fewest requests running first,
@@ -35,6 +42,9 @@ from engine.pauses import Pauses
 from engine.request import Request, RequestStatus
 
 Mode = Literal["step", "request"]
+
+OUTLIER_FACTOR = 2  # a request sits out when its rows x tokens exceed this many times the others'
+HOLD_LIMIT = 4  # ... until the forwards run without it add up to this many times its own step
 
 
 @dataclass(frozen=True)
@@ -252,6 +262,8 @@ class Scheduler:
                 self._admit(group, request)
                 tokens += request.cost.per_step
         batch = tuple(group.running[: self.max_batch_requests])
+        if self.mode == "step":
+            batch = self._without_outliers(batch)
         group.served += sum(request.cost.per_step for request in batch)
         now = time.perf_counter()
         for request in new:
@@ -261,6 +273,22 @@ class Scheduler:
             self._publish_positions()
         self.current_batch = tuple(r.request_id for r in batch)
         return SchedulerOutput(batch=batch, new=tuple(new))
+
+    @staticmethod
+    def _without_outliers(batch: tuple[Request, ...]) -> tuple[Request, ...]:
+        """The batch less the requests that sit this step out (see the module docstring)."""
+        kept = list(batch)
+        while len(kept) > 1:
+            largest = max(kept, key=lambda r: r.cost.per_step)
+            others = sum(r.cost.per_step for r in kept) - largest.cost.per_step
+            if largest.cost.per_step <= OUTLIER_FACTOR * others \
+                    or largest.held_back_cost >= HOLD_LIMIT * largest.cost.per_step:
+                break
+            kept = [r for r in kept if r is not largest]
+        ran = sum(r.cost.per_step for r in kept)
+        for request in batch:
+            request.held_back_cost = 0 if any(r is request for r in kept) else request.held_back_cost + ran
+        return tuple(kept)
 
     def _next_group_key(self) -> Hashable | None:
         if self.mode == "request":

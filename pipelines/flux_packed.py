@@ -42,22 +42,21 @@ def _modulation(norm: nn.Module, temb: torch.Tensor, chunks: int) -> tuple[torch
     return norm.linear(norm.silu(temb)).chunk(chunks, dim=1)
 
 
-_SIGN = {}
-
-
 def _rotate(x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """diffusers' apply_rotary_emb (use_real, unbind -1) for [tokens, heads, dim] with per-token
-    cos/sin, to the bit: x cos + (-imag, real) sin, one cache-sized chunk of tokens at a time."""
+    cos/sin, to the bit: x cos + (-imag, real) sin, i.e. per pair (re, im) of the last dimension
+    re cos - im sin and im cos + re sin (a + (-b) c and a - b c round alike), written straight into
+    the output's even and odd places, one cache-sized chunk of tokens at a time."""
     cos, sin = (part.to(x.device) for part in rotary)
-    key = (x.device, x.dtype)
-    sign = _SIGN.setdefault(key, torch.tensor([-1.0, 1.0], device=x.device, dtype=torch.float32))
-    out = torch.empty_like(x)
+    out = torch.empty(x.shape, device=x.device, dtype=torch.float32)
     for start in range(0, len(x), CHUNK_TOKENS):
-        part = x[start:start + CHUNK_TOKENS].float()
-        rotated = (part.unflatten(-1, (-1, 2)).flip(-1) * sign).flatten(-2)
-        out[start:start + CHUNK_TOKENS] = (part * cos[start:start + CHUNK_TOKENS, None, :]
-                                           + rotated * sin[start:start + CHUNK_TOKENS, None, :]).to(x.dtype)
-    return out
+        chunk = slice(start, start + CHUNK_TOKENS)
+        part = x[chunk].float()
+        real, imag = part[..., 0::2], part[..., 1::2]
+        c, s = cos[chunk, None, :], sin[chunk, None, :]
+        torch.sub(real * c[..., 0::2], imag * s[..., 0::2], out=out[chunk][..., 0::2])
+        torch.add(imag * c[..., 1::2], real * s[..., 1::2], out=out[chunk][..., 1::2])
+    return out.to(x.dtype)
 
 
 def _heads(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -162,9 +162,16 @@ def segment_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         groups.setdefault(lengths, []).append(row)
     out = query.new_empty(query.shape[:-1] + value.shape[-1:])
     for (q_length, k_length), rows in groups.items():
+        if rows == list(range(rows[0], rows[0] + len(rows))):
+            # Rows side by side (a CFG request's two rows, a forward of equal rows): views, no gathering.
+            q_run = slice(q_starts[rows[0]], q_starts[rows[0]] + len(rows) * q_length)
+            k_run = slice(k_starts[rows[0]], k_starts[rows[0]] + len(rows) * k_length)
+            q, k, v = (t[run].view(len(rows), length, *t.shape[1:]).transpose(1, 2)  # [rows, heads, length, dim]
+                       for t, run, length in ((query, q_run, q_length), (key, k_run, k_length), (value, k_run, k_length)))
+            out[q_run] = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(out[q_run].shape)
+            continue
         q_index, k_index = (_runs([starts[r] for r in rows], length, query.device)
                             for starts, length in ((q_starts, q_length), (k_starts, k_length)))
-        # [rows, heads, length, dim]
         q = query.index_select(0, q_index).view(len(rows), q_length, *query.shape[1:]).transpose(1, 2)
         k, v = (t.index_select(0, k_index).view(len(rows), k_length, *t.shape[1:]).transpose(1, 2) for t in (key, value))
         attended = F.scaled_dot_product_attention(q, k, v)

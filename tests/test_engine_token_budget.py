@@ -18,8 +18,9 @@ def solo_pixels(p):
 
 def test_requests_of_three_sizes_share_every_forward():
     pipeline = ToyPipeline(packs=True)
-    submissions = [(params(size=128, steps=4, prompt="large"), "a"), (params(size=64, steps=4, prompt="mid"), "b"),
-                   (params(size=32, steps=4, prompt="small"), "c")]
+    # 144 + 64 + 36 tokens: the largest is no outlier (not over twice the others together).
+    submissions = [(params(size=96, steps=4, prompt="large"), "a"), (params(size=64, steps=4, prompt="mid"), "b"),
+                   (params(size=48, steps=4, prompt="small"), "c")]
     with engine_started_after(submissions, pipeline, limits=LIMITS) as (engine, handles):
         results = [h.result(timeout=30) for h in handles]
         # The default budget: 8 requests of the model's default size (64x64: 64 tokens a row), two rows each.
@@ -31,10 +32,10 @@ def test_requests_of_three_sizes_share_every_forward():
 
 def test_a_forward_holds_requests_up_to_the_token_budget():
     pipeline = ToyPipeline(packs=True)
-    # 256 + 64 tokens fit a budget of 320; the third request (64) waits for room.
-    submissions = [(params(size=128, steps=2, prompt="large"), "a"), (params(size=64, steps=4, prompt="one"), "b"),
+    # 100 + 64 tokens fit a budget of 164; the third request (64) waits for room.
+    submissions = [(params(size=80, steps=2, prompt="large"), "a"), (params(size=64, steps=4, prompt="one"), "b"),
                    (params(size=64, steps=2, prompt="two"), "c")]
-    with engine_started_after(submissions, pipeline, limits=LIMITS, max_batch_tokens=320) as (_, (large, one, two)):
+    with engine_started_after(submissions, pipeline, limits=LIMITS, max_batch_tokens=164) as (_, (large, one, two)):
         assert all(isinstance(h.result(timeout=30), Completed) for h in (large, one, two))
     both = (large.request_id, one.request_id)
     later = (one.request_id, two.request_id)
@@ -50,6 +51,28 @@ def test_a_request_larger_than_the_budget_runs_alone_and_is_not_passed_over():
     with engine_started_after(submissions, pipeline, limits=LIMITS, max_batch_tokens=128) as (_, (first, huge, after)):
         assert all(isinstance(h.result(timeout=30), Completed) for h in (first, huge, after))
     assert pipeline.forward_log == [(first.request_id,)] * 2 + [(huge.request_id,)] * 2 + [(after.request_id,)] * 2
+
+
+def test_a_large_request_beside_one_small_one_sits_out_until_the_small_one_is_done():
+    pipeline = ToyPipeline(packs=True)
+    # 256 tokens beside 16: together the small one would step at the large one's pace.
+    submissions = [(params(size=128, steps=3, prompt="large"), "a"), (params(size=32, steps=4, prompt="small"), "b")]
+    with engine_started_after(submissions, pipeline, limits=LIMITS) as (_, (large, small)):
+        results = [h.result(timeout=30) for h in (large, small)]
+    assert pipeline.forward_log == [(small.request_id,)] * 4 + [(large.request_id,)] * 3
+    for (p, _), final in zip(submissions, results):
+        assert (pixels(final) == solo_pixels(p)).all()
+
+
+def test_an_outlier_sits_out_at_most_four_of_its_own_steps_of_work_so_it_never_starves():
+    pipeline = ToyPipeline(packs=True)
+    # 64 tokens beside 16: it sits out until 16 forwards of the small one (4 x 64 tokens) ran
+    # without it, then runs one step with it, and so on.
+    submissions = [(params(size=64, steps=2, prompt="large"), "a"), (params(size=32, steps=40, prompt="small"), "b")]
+    with engine_started_after(submissions, pipeline, limits=LIMITS) as (_, (large, small)):
+        assert all(isinstance(h.result(timeout=30), Completed) for h in (large, small))
+    alone, both = (small.request_id,), (large.request_id, small.request_id)
+    assert pipeline.forward_log == ([alone] * 16 + [both]) * 2 + [alone] * 6
 
 
 def test_a_model_that_cannot_pack_keeps_its_sizes_apart_under_any_budget():
