@@ -183,14 +183,16 @@ def text_cases(engine, cases, seed: int) -> dict:
                                  width=scene.width, height=scene.height) for i, (_, scene, named) in enumerate(cases)]
     images = run_all(engine, requests)
     by_label: dict[str, dict[str, list[bool]]] = {}
-    all_named = []
+    all_named, verdicts = [], []
     for (label, scene, named), image in zip(cases, images):
         hits = score(scene, named, image)
         for attribute, hit in hits.items():
             by_label.setdefault(label, {}).setdefault(attribute, []).append(hit)
         all_named.append(all(hits.values()))
+        verdicts.append(hits)
     table = {label: {a: sum(v) / len(v) for a, v in scores.items()} for label, scores in by_label.items()}
-    return {"by_canvas": table, "everything_named_drawn": sum(all_named) / len(all_named), "images": images}
+    return {"by_canvas": table, "everything_named_drawn": sum(all_named) / len(all_named), "images": images,
+            "prompts": [r.prompt for r in requests], "verdicts": verdicts, "labels": [case[0] for case in cases]}
 
 
 def picture_table(engine, cases, seed: int) -> dict:
@@ -218,6 +220,32 @@ def picture_table(engine, cases, seed: int) -> dict:
     return {"layout_kept": sum(kept) / len(kept), "colour_taken": sum(taken) / len(taken),
             "both": sum(k and t for k, t in zip(kept, taken)) / len(kept),
             "inpaint_levels_outside_mask": float(np.mean(outside)), "images": redrawn}
+
+
+def contact_sheet(canvases: dict, per_label: int = 2, tile: int = 272, caption_height: int = 62,
+                  columns: int = 4) -> Image.Image:
+    """The first `per_label` images of every named canvas, shown twice their size (nearest
+    neighbour), each under its prompt and the evaluator's verdict."""
+    import textwrap
+
+    picked, seen = [], {}
+    for index, label in enumerate(canvases["labels"]):
+        if seen.get(label, 0) < per_label:
+            seen[label] = seen.get(label, 0) + 1
+            picked.append(index)
+    rows = (len(picked) + columns - 1) // columns
+    sheet = Image.new("RGB", (columns * tile, rows * (tile + caption_height)), "white")
+    draw = ImageDraw.Draw(sheet)
+    for place, index in enumerate(picked):
+        image = canvases["images"][index]
+        x, y = (place % columns) * tile, (place // columns) * (tile + caption_height)
+        sheet.paste(image.resize((image.width * 2, image.height * 2), Image.Resampling.NEAREST), (x + 8, y + 8))
+        misses = [a for a, hit in canvases["verdicts"][index].items() if not hit]
+        lines = [canvases["labels"][index]] + textwrap.wrap(canvases["prompts"][index], width=40)
+        lines.append(("wrong: " + ", ".join(misses)) if misses else "all named parts drawn")
+        for number, line in enumerate(lines[:4]):
+            draw.text((x + 8, y + tile + number * 14), line, fill="black")
+    return sheet
 
 
 def markdown(result: dict) -> str:
@@ -262,6 +290,8 @@ def main() -> None:
     parser.add_argument("--step-cache", type=float, default=None, help="step caching threshold (default: the model's)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--save", type=Path, default=None, help="write the JSON summary (no images) here")
+    parser.add_argument("--sheet", type=Path, default=None,
+                        help="write a contact sheet here (two images of every named canvas, with verdicts)")
     args = parser.parse_args()
     import torch
 
@@ -269,9 +299,11 @@ def main() -> None:
     result = evaluate(args.model, args.per_canvas, args.parts, args.pictures, args.seed, args.step_cache)
     print(markdown(result))
     print(f"\n{args.model}, seed {args.seed}, step cache {args.step_cache}, {result['seconds']:.0f} s")
+    if args.sheet:
+        contact_sheet(result["canvases"]).save(args.sheet)
     if args.save:
-        summary = {key: {k: v for k, v in value.items() if k != "images"} if isinstance(value, dict) else value
-                   for key, value in result.items()}
+        summary = {key: {k: v for k, v in value.items() if k not in ("images", "verdicts")}
+                   if isinstance(value, dict) else value for key, value in result.items()}
         args.save.write_text(json.dumps(summary, indent=2))
 
 

@@ -1,0 +1,37 @@
+"""tools/evaluate_v2.py's analysis reads clean renders of the open shapes world right: every named
+part of every held-out prompt, at every named canvas (so a score it reports for a model is the
+model's, not the evaluator's)."""
+
+from PIL import Image
+
+from tools.evaluate_v2 import canvas_cases, contact_sheet, part_cases, picture_cases, score
+from tools.shapes_world_v2 import NAMED_CANVASES, render
+
+
+def test_clean_renders_score_every_named_part():
+    cases = canvas_cases(30, 4321) + part_cases(96, 4321)
+    assert {label for label, _, _ in cases} >= set(NAMED_CANVASES)
+    misses = [(label, attribute) for label, scene, named in cases
+              for attribute, hit in score(scene, named, render(scene)).items() if not hit]
+    assert misses == []
+
+
+def test_a_wrong_picture_is_scored_wrong():
+    label, scene, named = canvas_cases(1, 4321)[0]
+    blank = Image.new("RGB", (scene.width, scene.height), (0, 0, 0))
+    assert not any(score(scene, named, blank).values()) or scene.background == "black"
+    other = next(s for _, s, _ in canvas_cases(5, 4321) if s.width == scene.width and s.color != scene.color)
+    assert score(scene, named, render(other))["color"] is False
+
+
+def test_pictures_are_off_every_named_region():
+    assert all(picture.position_word() is None and asked.color != picture.color
+               for picture, asked in picture_cases(24, 4321))
+
+
+def test_the_contact_sheet_shows_two_images_of_every_named_canvas():
+    cases = canvas_cases(3, 4321)
+    canvases = {"labels": [c[0] for c in cases], "images": [render(c[1]) for c in cases],
+                "prompts": ["a prompt"] * len(cases), "verdicts": [{"color": True}] * len(cases)}
+    sheet = contact_sheet(canvases)
+    assert sheet.size == (4 * 272, (2 * len(NAMED_CANVASES) // 4) * (272 + 62))
