@@ -200,7 +200,10 @@ class FluxStepPipeline(FlowMatchStepPipeline):
         )[0]
 
     def _row_shape(self, row: Row) -> tuple:
-        return tuple(row.state.latents.shape), tuple(row.text.embeds.shape)
+        # Packed latents ([1, tokens, C]) hide the grid: 64x96 and 96x64 have as many tokens but
+        # not the same image ids, so they can't share one stacked forward's img_ids.
+        params = row.state.params
+        return tuple(row.state.latents.shape), tuple(row.text.embeds.shape), (params.height, params.width)
 
     def _packed_row(self, row: Row) -> FluxRow:
         state = row.state

@@ -117,7 +117,10 @@ class QwenImageStepPipeline(FlowMatchStepPipeline):
         return qwen_image_packed.packs(denoiser)
 
     def _row_shape(self, row: Row) -> tuple:
-        return tuple(row.state.latents.shape), tuple(row.text.shape)
+        # Packed latents ([1, tokens, C]) hide the grid: 64x96 and 96x64 have as many tokens but
+        # not the same rotary positions, so they can't share one stacked forward.
+        params = row.state.params
+        return tuple(row.state.latents.shape), tuple(row.text.shape), (params.height, params.width)
 
     def _packed_row(self, row: Row) -> qwen_image_packed.QwenRow:
         params, latents = row.state.params, row.state.latents

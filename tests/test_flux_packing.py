@@ -183,6 +183,22 @@ def test_engine_runs_three_sizes_in_one_forward_in_both_modes(schnell, monkeypat
         assert_same(ours, schnell.reference(p))
 
 
+def test_transposed_sizes_with_as_many_tokens_each_keep_their_own_grid(schnell, monkeypatch):
+    # 48x24 and 24x48: packed latents of one shape ([1, tokens, C]), image ids of two grids. They
+    # run packed (a stacked forward takes one img_ids for every row) and each equals its stock run.
+    packed = PackedForwards(monkeypatch)
+    params = [request("a wide one", seed=31, num_inference_steps=3, width=48, height=24),
+              request("a tall one", seed=32, num_inference_steps=3, width=24, height=48)]
+    run = Run(schnell.pipeline)
+    run.engine = Engine(schnell.pipeline, mode="step", max_batch_requests=8)
+    handles = [run.submit(p) for p in params]
+    with run:
+        results = [finished(run, handle) for handle in handles]
+    assert run.forward_sizes == [2] * 3 and packed.rows == [2] * 3
+    for p, ours in zip(params, results):
+        assert_same(ours, schnell.reference(p))
+
+
 def test_a_request_that_ends_early_leaves_its_batch_mate_exact(schnell):
     flux = schnell.pipeline
     long, short = request("long", seed=21, num_inference_steps=6), request("short", seed=22, num_inference_steps=2, width=16)

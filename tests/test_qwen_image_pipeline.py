@@ -155,3 +155,26 @@ def test_prompts_of_different_lengths_and_sizes_run_packed_and_match_diffusers(q
     assert rows == [3, 5, 5]  # steps 1-3; the two CFG requests bring their negative rows
     for (_, params), state in zip(requests, states):
         assert_step_outputs_match(qwen, state, params)
+
+
+def test_transposed_sizes_with_as_many_tokens_each_keep_their_own_grid(qwen, monkeypatch):
+    """48x16 and 16x48 pack to latents of one shape: they run packed, each with its own rotary grid."""
+    from dataclasses import replace
+
+    from pipelines.qwen_image_packed import QWEN_IMAGE, packed_forward
+    from tests.pipeline_parity import assert_step_outputs_match
+    from tests.protocol_driver import drive
+
+    rows: list[int] = []
+
+    def counting(model, model_rows, *args, **kwargs):
+        rows.append(len(model_rows))
+        return packed_forward(model, model_rows, *args, **kwargs)
+
+    monkeypatch.setattr(QwenImageStepPipeline, "packed_model", replace(QWEN_IMAGE, forward=counting))
+    requests = [(0, request(prompt="a red circle", seed=41, num_inference_steps=2, width=48, height=16, guidance_scale=1.0)),
+                (0, request(prompt="a red circle", seed=42, num_inference_steps=2, width=16, height=48, guidance_scale=1.0))]
+    states = drive(qwen.pipeline, requests)
+    assert rows == [2, 2]
+    for (_, params), state in zip(requests, states):
+        assert_step_outputs_match(qwen, state, params)
