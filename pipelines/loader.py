@@ -31,8 +31,10 @@ FAMILIES: dict[str, str] = {
 
 BUILTIN_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "shapes-flux"
 BUILTIN_VIDEO_MODEL_DIR = BUILTIN_MODEL_DIR.parent / "shapes-wan"
+# Every size from 48 to 128 px, shapes anywhere, prompts with parts left out (docs/models.md).
+BUILTIN_V2_MODEL_DIR = BUILTIN_MODEL_DIR.parent / "shapes-flux-v2"
 # Names `--model` understands besides folders and hub ids.
-BUILTIN_MODELS = {"builtin": BUILTIN_MODEL_DIR, "builtin-video": BUILTIN_VIDEO_MODEL_DIR}
+BUILTIN_MODELS = {"builtin": BUILTIN_MODEL_DIR, "builtin-video": BUILTIN_VIDEO_MODEL_DIR, "builtin-v2": BUILTIN_V2_MODEL_DIR}
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,8 @@ def family_class(class_name: str):
 
 def load_pipeline(model: str | None = None, options: LoadOptions | None = None) -> StepPipeline:
     """`model`: None or "builtin" (the shipped shapes model), "builtin-video" (the shipped video
-    model), "toy", a local folder, or a hub id. Placed on the device by `options.memory`."""
+    model), "builtin-v2" (the shipped shapes model of every size), "toy", a local folder, or a hub
+    id. Placed on the device by `options.memory`."""
     options = options or LoadOptions()
     pipeline = _load_in_host_memory(model, options)
     _place(pipeline, options)
