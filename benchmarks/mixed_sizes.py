@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--diffusers-requests", type=int, default=16,
                         help="requests diffusers serves per round (it is slow; the first N of the workload)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    parser.add_argument("--ceiling-repeats", type=int, default=10, help="bare forwards per timing of the ceiling (3 timings)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "mixed_sizes.json")
     args = parser.parse_args(argv)
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
             pipeline.packs = True  # EngineSystem(packs=False) turned it off
             print(f"round {round_index + 1} {name}: {this_round[name]['images_per_s']:.2f} images/s", flush=True)
         rounds.append(this_round)
-    forward = ceiling(pipeline, sizes, repeats=10)
+    forward = ceiling(pipeline, sizes, repeats=args.ceiling_repeats)
     probe = {name: small_beside_large(pipeline, packs=name == "packed", steps=args.steps, max_tokens=args.max_tokens)
              for name in ("packed", "turns")}
     pipeline.packs = True
