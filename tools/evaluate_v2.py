@@ -183,15 +183,13 @@ def text_cases(engine, cases, seed: int) -> dict:
                                  width=scene.width, height=scene.height) for i, (_, scene, named) in enumerate(cases)]
     images = run_all(engine, requests)
     by_label: dict[str, dict[str, list[bool]]] = {}
-    all_named, verdicts = [], []
-    for (label, scene, named), image in zip(cases, images):
-        hits = score(scene, named, image)
+    verdicts = [score(scene, named, image) for (_, scene, named), image in zip(cases, images)]
+    for (label, _, _), hits in zip(cases, verdicts):
         for attribute, hit in hits.items():
             by_label.setdefault(label, {}).setdefault(attribute, []).append(hit)
-        all_named.append(all(hits.values()))
-        verdicts.append(hits)
     table = {label: {a: sum(v) / len(v) for a, v in scores.items()} for label, scores in by_label.items()}
-    return {"by_canvas": table, "everything_named_drawn": sum(all_named) / len(all_named), "images": images,
+    everything_named = [all(hits.values()) for hits in verdicts]
+    return {"by_canvas": table, "everything_named_drawn": sum(everything_named) / len(everything_named), "images": images,
             "prompts": [r.prompt for r in requests], "verdicts": verdicts, "labels": [case[0] for case in cases]}
 
 
