@@ -44,12 +44,20 @@ class CfgLayout:
     rows: tuple[Row, ...]
     negative_count: int
 
+    order: tuple[int, ...] | None = None  # the batch index of each of `states`, when `of` reordered them
+
     @classmethod
-    def of(cls, states: Sequence[RequestState]) -> "CfgLayout":
-        """`state.conditioning` must have `positive`, `negative` (None without CFG) and `cfg`."""
+    def of(cls, states: Sequence[RequestState], order_by: Callable[[RequestState], Any] | None = None) -> "CfgLayout":
+        """`state.conditioning` must have `positive`, `negative` (None without CFG) and `cfg`.
+        `order_by`: lay the requests out in this key's order (stable); `combine` still answers in
+        batch order."""
+        order = None
+        if order_by is not None:
+            order = tuple(sorted(range(len(states)), key=lambda index: order_by(states[index])))
+            states = [states[index] for index in order]
         negatives = [Row(s, s.conditioning.negative) for s in states if s.conditioning.cfg]
         positives = [Row(s, s.conditioning.positive) for s in states]
-        return cls(tuple(states), tuple(negatives + positives), len(negatives))
+        return cls(tuple(states), tuple(negatives + positives), len(negatives), order)
 
     def combine(self, prediction: torch.Tensor | Sequence[torch.Tensor], guide: Guide = linear_guidance) -> list[torch.Tensor]:
         """One prediction per request, in batch order, from the forward's output rows (stacked, or
@@ -62,4 +70,9 @@ class CfgLayout:
         for state, positive in zip(self.states, rows[self.negative_count :]):
             conditioning = state.conditioning
             results.append(guide(positive, next(negatives), conditioning.guidance_scale) if conditioning.cfg else positive)
+        if self.order is not None:
+            in_batch_order = [None] * len(results)
+            for position, index in enumerate(self.order):
+                in_batch_order[index] = results[position]
+            results = in_batch_order
         return results

@@ -336,9 +336,12 @@ class DiffusersStepPipeline(ImageStart, BatchedPromptEncoder):
     def _guided_forward(self, states: Sequence[RequestState], denoiser: torch.nn.Module) -> list[torch.Tensor]:
         """One forward of `denoiser` over the CFG layout of `states`; one guided prediction each."""
         layout = CfgLayout.of(states)
+        packed = self._runs_packed(layout.rows)
+        if packed:  # requests of one shape side by side: runs that packed attention reads as views
+            layout = CfgLayout.of(states, order_by=lambda state: self._row_shape(Row(state, state.conditioning.positive)))
         # Each row with its request's adapters (both rows of a CFG request), on shared base weights.
         with self.loras.rows([row.state.params.loras for row in layout.rows], self.device, self.dtype):
-            if self._runs_packed(layout.rows):
+            if packed:
                 requests = None if self.step_cache is None else cached_requests(layout)
                 run = None if requests is None else self.step_cache.decisions(requests, self.loras.only_rows, id(denoiser))
                 prediction = self._packed_forward(denoiser, layout.rows, run)
@@ -356,15 +359,13 @@ class DiffusersStepPipeline(ImageStart, BatchedPromptEncoder):
                 and all(self._packable(denoiser) for denoiser in self.denoisers))
 
     def _packable(self, denoiser: torch.nn.Module) -> bool:
-        """Whether this denoiser's modules are the stock ones the packed forward reproduces."""
-        return False
+        return False  # whether the denoiser's modules are the stock ones the packed forward reproduces
 
     def _row_shape(self, row: Row) -> tuple:
         """What a forward's rows must share to be stacked (their latents' and text's shapes)."""
         return tuple(row.state.latents.shape)
 
-    def _runs_packed(self, rows: Sequence[Row]) -> bool:
-        """Whether these rows run as one packed forward instead of `_forward`: they differ in shape."""
+    def _runs_packed(self, rows: Sequence[Row]) -> bool:  # one packed forward instead of `_forward`
         return self.packs and len({self._row_shape(row) for row in rows}) > 1
 
     def _packed_forward(self, denoiser: torch.nn.Module, rows: Sequence[Row], run: CachedRun | None) -> list[torch.Tensor]:
@@ -374,8 +375,7 @@ class DiffusersStepPipeline(ImageStart, BatchedPromptEncoder):
         return model.forward(denoiser, [self._packed_row(row) for row in rows], self.loras.tokens,
                              model.blocks_runner(denoiser, run))
 
-    def _packed_row(self, row: Row):
-        """One row as the family's packed forward takes it (FluxRow, WanRow)."""
+    def _packed_row(self, row: Row):  # one row as the family's packed forward takes it (FluxRow, WanRow)
         raise NotImplementedError(f"{type(self).__name__} does not pack rows of different sizes.")
 
     @abc.abstractmethod

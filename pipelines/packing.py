@@ -129,6 +129,11 @@ class Packing:
         return segment_attention(query, key, value, self.joint_lengths, self.joint_lengths)
 
 
+# A group of rows of equal lengths in at most this many runs of consecutive rows attends run by
+# run on views of the sequence (the CFG layout puts a shape's negative rows and its positive rows in
+# two runs); in more runs, gathered into one batch.
+MAX_VIEW_RUNS = 2
+
 KERNELS = ("auto", "varlen", "sdpa", "padded")
 # How packed attention runs (the GPU check compares them; the studio always uses "auto"):
 #   varlen  flash-attn's flash_attn_varlen_func over every row at once (CUDA, half precision)
@@ -162,13 +167,16 @@ def segment_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         groups.setdefault(lengths, []).append(row)
     out = query.new_empty(query.shape[:-1] + value.shape[-1:])
     for (q_length, k_length), rows in groups.items():
-        if rows == list(range(rows[0], rows[0] + len(rows))):
-            # Rows side by side (a CFG request's two rows, a forward of equal rows): views, no gathering.
-            q_run = slice(q_starts[rows[0]], q_starts[rows[0]] + len(rows) * q_length)
-            k_run = slice(k_starts[rows[0]], k_starts[rows[0]] + len(rows) * k_length)
-            q, k, v = (t[run].view(len(rows), length, *t.shape[1:]).transpose(1, 2)  # [rows, heads, length, dim]
-                       for t, run, length in ((query, q_run, q_length), (key, k_run, k_length), (value, k_run, k_length)))
-            out[q_run] = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(out[q_run].shape)
+        runs = _consecutive(rows)
+        if len(runs) <= MAX_VIEW_RUNS:
+            # Rows side by side (a CFG request's two rows, requests of one size sorted together, a
+            # forward of equal rows): one call per run on views, no gathering.
+            for first, count in runs:
+                q_run = slice(q_starts[first], q_starts[first] + count * q_length)
+                k_run = slice(k_starts[first], k_starts[first] + count * k_length)
+                q, k, v = (t[run].view(count, length, *t.shape[1:]).transpose(1, 2)  # [rows, heads, length, dim]
+                           for t, run, length in ((query, q_run, q_length), (key, k_run, k_length), (value, k_run, k_length)))
+                out[q_run] = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(out[q_run].shape)
             continue
         q_index, k_index = (_runs([starts[r] for r in rows], length, query.device)
                             for starts, length in ((q_starts, q_length), (k_starts, k_length)))
@@ -194,6 +202,17 @@ def _padded_attention(query, key, value, query_lengths: Sequence[int], key_lengt
     keep = torch.arange(longest_k, device=query.device)[None, :] < torch.tensor(list(key_lengths), device=query.device)[:, None]
     attended = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :]).transpose(1, 2)
     return torch.cat([attended[row, :length] for row, length in enumerate(query_lengths)])
+
+
+def _consecutive(rows: Sequence[int]) -> list[tuple[int, int]]:
+    """Ascending row numbers as runs of consecutive rows: (first row, count) each."""
+    runs: list[tuple[int, int]] = []
+    for row in rows:
+        if runs and runs[-1][0] + runs[-1][1] == row:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((row, 1))
+    return runs
 
 
 def _runs(starts: Sequence[int], length: int, device) -> torch.Tensor:

@@ -241,3 +241,38 @@ def test_step_caching_and_adapters_decide_per_request_on_packed_rows(builtin, mo
     for one, shared in zip(alone, together):
         assert shared.skipped_steps == one.skipped_steps
         assert_close(shared.latents, one.latents, "latents packed against alone")
+
+
+def test_rows_of_equal_lengths_in_two_runs_attend_on_views_as_when_gathered(monkeypatch):
+    # The CFG layout of requests sorted by shape: [neg A, neg B, pos A, pos B], so each length's
+    # rows lie in two runs. Both ways give every row its own attention, and equal each other.
+    from pipelines import packing as packing_module
+
+    lengths = [5, 7, 5, 7]
+    generator = torch.Generator().manual_seed(3)
+    query, key, value = (torch.randn(sum(lengths), 2, 8, generator=generator) for _ in range(3))
+    solo = torch.cat([torch.nn.functional.scaled_dot_product_attention(*(t.transpose(0, 1) for t in parts)).transpose(0, 1)
+                      for parts in zip(query.split(lengths), key.split(lengths), value.split(lengths))])
+    outputs = {}
+    for runs in (2, 0):  # 0: every group gathered
+        monkeypatch.setattr(packing_module, "MAX_VIEW_RUNS", runs)
+        outputs[runs] = packing_module.segment_attention(query, key, value, lengths, lengths)
+        assert_close(outputs[runs], solo, f"attention with MAX_VIEW_RUNS={runs}")
+    assert torch.equal(outputs[2], outputs[0])
+
+
+def test_a_layout_in_shape_order_answers_in_batch_order():
+    from types import SimpleNamespace
+
+    from pipelines.cfg import CfgLayout
+
+    def state(name, size, cfg):
+        conditioning = SimpleNamespace(positive=f"{name}+", negative=f"{name}-" if cfg else None, cfg=cfg, guidance_scale=2.0)
+        return SimpleNamespace(name=name, size=size, conditioning=conditioning)
+
+    states = [state("big", 64, True), state("small", 16, False), state("mid", 32, True)]
+    layout = CfgLayout.of(states, order_by=lambda s: s.size)
+    assert [row.text for row in layout.rows] == ["mid-", "big-", "small+", "mid+", "big+"]
+    # one prediction per row, in the layout's row order: negatives 1, 2; positives 10, 20, 30
+    guided = layout.combine([torch.tensor(v) for v in (1.0, 2.0, 10.0, 20.0, 30.0)])
+    assert [float(g) for g in guided] == [2.0 + 2 * (30 - 2), 10.0, 1.0 + 2 * (20 - 1)]  # big, small, mid
