@@ -19,7 +19,7 @@ when the scene lies inside that word's range.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -201,6 +201,12 @@ def render(scene: Scene) -> Image.Image:
     return image.resize((scene.width, scene.height), Image.Resampling.BOX)
 
 
+def recolored(scene: Scene, rng: np.random.Generator) -> Scene:
+    """The same scene with the shape in another colour (never the background's)."""
+    colors = [c for c in COLORS if c not in (scene.color, scene.background)]
+    return replace(scene, color=colors[int(rng.integers(len(colors)))])
+
+
 @dataclass(frozen=True)
 class Named:
     """Which parts of a scene a caption names (the rest is left to the model)."""
@@ -240,11 +246,11 @@ def caption(scene: Scene, named: Named = Named(), phrase_position: bool = False,
     return text
 
 
-def random_caption(scene: Scene, rng: np.random.Generator, drop: float = 0.35) -> str:
+def random_caption(scene: Scene, rng: np.random.Generator, drop: float = 0.35, name_color: bool = False) -> str:
     """A training caption: each part left out with probability `drop` (about one in four
-    captions names everything), and the phrasings varied."""
+    captions names everything), and the phrasings varied; `name_color` always names the colour."""
     keep = rng.random(5) >= drop
-    named = Named(size=bool(keep[0]), color=bool(keep[1]), shape=bool(keep[2]),
+    named = Named(size=bool(keep[0]), color=bool(keep[1]) or name_color, shape=bool(keep[2]),
                   background=bool(keep[3]), position=bool(keep[4]))
     return caption(scene, named, phrase_position=bool(rng.random() < 0.5),
                    short_background=bool(rng.random() < 0.2), bare=bool(rng.random() < 0.2))

@@ -44,6 +44,7 @@ from tools.shapes_world_v2 import (
     random_canvas,
     random_caption,
     random_scene,
+    recolored,
     render,
     vocabulary,
 )
@@ -215,6 +216,22 @@ def scene_of(row: tuple, width: int, height: int) -> Scene:
     return Scene(width, height, shape, color, background, side, cx, cy)
 
 
+def recolor_sources(edits: list[int], scenes: list[Scene], x0, sigma, vae, shift: float, scale: float,
+                    rng: np.random.Generator, generator: torch.Generator):
+    """Image-to-image rows: each row in `edits` starts from a blend of its scene and the same scene
+    in another colour (the blend's share uniform in [0, 1], covering every state an image-to-image
+    run passes through), at a noise level in [0.35, 0.95], so that a caption naming a colour wins
+    over the picture's colour while the layout is kept."""
+    with torch.no_grad():
+        pictures = to_tensor([render(recolored(scenes[i], rng)) for i in edits])
+        other = pack_latents((vae.encode(pictures).latent_dist.mean - shift) * scale)
+    share = torch.rand(len(edits), generator=generator)[:, None, None]
+    source, sigma = x0.clone(), sigma.clone()
+    source[edits] = share * other + (1.0 - share) * x0[edits]
+    sigma[edits] = 0.35 + 0.6 * torch.rand(len(edits), generator=generator)
+    return source, sigma
+
+
 def train_transformer(args) -> None:
     checkpoint = args.work_dir / "transformer.pt"
     data = torch.load(args.work_dir / "latents.pt", weights_only=False)
@@ -228,6 +245,7 @@ def train_transformer(args) -> None:
     text_models = TextModels(clip_tokenizer, t5_tokenizer)
     if args.init_from:
         initialize_from(args.init_from, transformer, text_models, clip_tokenizer, t5_tokenizer)
+    vae = load_vae(args) if args.recolor_rate else None
     modules = torch.nn.ModuleDict({"transformer": transformer, "text": text_models})
     ema = copy.deepcopy(modules).requires_grad_(False)
     optimizer = torch.optim.AdamW(modules.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.99))
@@ -270,21 +288,28 @@ def train_transformer(args) -> None:
         rows = torch.randint(len(bucket["mean"]), (args.batch,), generator=generator)
         mean, logvar = bucket["mean"][rows].float(), bucket["logvar"][rows].float()
         x0 = pack_latents((mean + (0.5 * logvar).exp() * torch.randn(mean.shape, generator=generator) - shift) * scale)
+        scenes = [scene_of(bucket["scenes"][int(row)], width, height) for row in rows]
+        edits = [i for i in range(args.batch) if args.recolor_rate and rng.random() < args.recolor_rate]
         texts = [
-            "" if rng.random() < args.empty_caption_rate
-            else random_caption(scene_of(bucket["scenes"][int(row)], width, height), rng, drop=args.drop)
-            for row in rows
+            random_caption(scene, rng, drop=args.drop, name_color=True) if i in edits
+            else "" if rng.random() < args.empty_caption_rate
+            else random_caption(scene, rng, drop=args.drop)
+            for i, scene in enumerate(scenes)
         ]
         clip_ids, t5_ids = tokenize_all(texts, clip_tokenizer, t5_tokenizer)
         mu = schedule_mu(image_tokens(width, height))
         sigma = torch.sigmoid(mu + args.sigma_std * torch.randn(args.batch, generator=generator))
         noise = torch.randn(x0.shape, generator=generator)
-        x_t = (1.0 - sigma[:, None, None]) * x0 + sigma[:, None, None] * noise
+        source = x0
+        if edits:
+            source, sigma = recolor_sources(edits, scenes, x0, sigma, vae, shift, scale, rng, generator)
+        x_t = (1.0 - sigma[:, None, None]) * source + sigma[:, None, None] * noise
         pooled, sequence = text_models(clip_ids, t5_ids)
         velocity = transformer(hidden_states=x_t, timestep=sigma, pooled_projections=pooled,
                                encoder_hidden_states=sequence, txt_ids=txt_ids,
                                img_ids=image_ids(height // 4, width // 4), return_dict=False)[0]
-        loss = F.mse_loss(velocity, noise - x0)
+        # The velocity whose Euler step to sigma 0 lands on x0: noise - x0 on plain rows.
+        loss = F.mse_loss(velocity, (x_t - x0) / sigma[:, None, None])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(modules.parameters(), 1.0)
@@ -415,6 +440,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--empty-caption-rate", type=float, default=0.1)
     parser.add_argument("--drop", type=float, default=0.35, help="chance each caption part is left out")
     parser.add_argument("--sigma-std", type=float, default=1.0)
+    parser.add_argument("--recolor-rate", type=float, default=0.0,
+                        help="share of rows trained as image-to-image from the scene in another colour")
     parser.add_argument("--guidance-scale", type=float, default=3.0, help="true-CFG default written to stepstudio.json")
     parser.add_argument("--export-raw", action="store_true", help="export the raw weights instead of the EMA")
     return parser.parse_args(argv)
