@@ -35,3 +35,14 @@ def test_the_contact_sheet_shows_two_images_of_every_named_canvas():
                 "prompts": ["a prompt"] * len(cases), "verdicts": [{"color": True}] * len(cases)}
     sheet = contact_sheet(canvases)
     assert sheet.size == (4 * 272, (2 * len(NAMED_CANVASES) // 4) * (272 + 62))
+
+
+def test_outline_renders_are_outlines_on_every_named_canvas_and_plain_renders_are_not():
+    from tools.evaluate_v2 import measure
+    from tools.shapes_world_v2 import render_outline
+
+    cases = canvas_cases(6, 4321)
+    assert all(measure(render_outline(scene)).outlined is True for _, scene, _ in cases)
+    assert not any(measure(render(scene)).outlined for _, scene, _ in cases)
+    # the ring is drawn where the shape is: shape, colour and position read as the filled shape's
+    assert all(score(scene, named, render_outline(scene)) == score(scene, named, render(scene)) for _, scene, named in cases)

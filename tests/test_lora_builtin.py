@@ -177,3 +177,23 @@ def test_train_lora_smoke_run_writes_a_file_stepstudio_loads(tmp_path):
     assert adapter.rank == 4 and pipe.info.loras == ("x",)
     assert any(name.endswith(".attn.to_q") for name in adapter.modules)
     assert {name.rsplit(".", 1)[-1] for name in adapter.modules} >= {"to_q", "to_k", "to_v", "proj_mlp"}
+
+
+def test_train_lora_v2_smoke_run_writes_a_file_the_v2_model_loads(tmp_path):
+    pytest.importorskip("peft", reason="tools/train_lora_v2.py adds the adapter with PEFT (pip install -e '.[test]')")
+    from tools.train_lora_v2 import main
+
+    threads = torch.get_num_threads()
+    argv = ["--steps", "2", "--per-canvas", "2", "--canvases", "3", "--batch", "2", "--rank", "4", "--threads", "1",
+            "--log-every", "1000"]
+    try:
+        first = main(argv + ["--out", str(tmp_path / "a" / "x.safetensors")])
+        second = main(argv + ["--out", str(tmp_path / "b" / "x.safetensors")])
+    finally:
+        torch.set_num_threads(threads)
+    assert first["steps"] == second["steps"] == 2
+    with safe_open(str(tmp_path / "a" / "x.safetensors"), "pt") as a, safe_open(str(tmp_path / "b" / "x.safetensors"), "pt") as b:
+        assert sorted(a.keys()) == sorted(b.keys()) and all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys())
+    pipe = load_pipeline("builtin-v2")
+    pipe.load_lora("x", tmp_path / "a" / "x.safetensors")
+    assert pipe.loras.adapters["x"].rank == 4 and pipe.info.loras == ("x",)

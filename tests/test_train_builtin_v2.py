@@ -63,3 +63,27 @@ def test_a_vae_from_a_model_folder_keeps_its_normalization(v1_pipeline):
 
     assert latent_normalization(v1_pipeline.vae, 0.5, 2.0) == (0.0081, 0.8977)
     assert latent_normalization(build_vae(), 0.5, 2.0) == (0.5, 2.0)  # one trained here: what was measured
+
+
+def test_recoloured_rows_start_from_the_other_colour_and_target_the_captions():
+    import numpy as np
+
+    from tools.shapes_world_v2 import random_caption, random_scene, recolored
+    from tools.train_builtin_v2 import recolor_sources
+
+    rng = np.random.default_rng(0)
+    scene = random_scene(rng, 64, 64)
+    other = recolored(scene, rng)
+    assert other.color not in (scene.color, scene.background) and other.cx == scene.cx and other.side == scene.side
+    assert all(scene.color in random_caption(scene, rng, drop=1.0, name_color=True) for _ in range(5))
+
+    class Encoder:  # a VAE stand-in whose latents are the picture's mean colour, per channel
+        def encode(self, pictures):
+            mean = pictures.mean(dim=(2, 3), keepdim=True).expand(-1, -1, 8, 8)
+            return type("Out", (), {"latent_dist": type("Dist", (), {"mean": torch.cat([mean, mean[:, :1]], 1)})})()
+
+    x0, sigma = torch.zeros(3, 16, 16), torch.full((3,), 0.2)
+    generator = torch.Generator().manual_seed(0)
+    source, noised = recolor_sources([1], [scene, scene, scene], x0, sigma, Encoder(), 0.0, 1.0, rng, generator)
+    assert torch.equal(source[[0, 2]], x0[[0, 2]]) and torch.equal(noised[[0, 2]], sigma[[0, 2]])
+    assert not torch.equal(source[1], x0[1]) and 0.35 <= float(noised[1]) <= 0.95

@@ -17,7 +17,9 @@ seed 0's generators, and every scene here is drawn afresh):
 3. image to image at strength 0.7 from pictures with the shape anywhere (not at the five anchors),
    the prompt naming another colour and no position: layout kept (the result's centre within 6 px
    of the picture's) and the prompt's colour taken; inpainting with a mask over the shape: the
-   unmasked area's mean difference from the picture, in levels.
+   unmasked area's mean difference from the picture, in levels;
+4. with `--outline FILE`: the outline adapter on table 1's prompts and seeds, the share drawn as
+   outlines per canvas with `<lora:outline:1>` and without.
 """
 
 from __future__ import annotations
@@ -156,11 +158,13 @@ def picture_cases(count: int, seed: int) -> list[tuple[Scene, Scene]]:
 # ----------------------------------------------------------------------------- generation
 
 
-def engine_for(model: Path, step_cache: float | None):
+def engine_for(model: Path, step_cache: float | None, outline: Path | None = None):
     from engine import Engine, ServingLimits
     from pipelines.loader import LoadOptions, load_pipeline
 
     pipeline = load_pipeline(str(model), LoadOptions(step_cache=step_cache))
+    if outline is not None:
+        pipeline.load_lora("outline", str(outline))
     limits = ServingLimits(max_queue=10_000, max_per_session=10_000)
     return Engine(pipeline, mode="step", max_batch_requests=8, limits=limits).start()
 
@@ -176,11 +180,30 @@ def run_all(engine, requests: list) -> list[Image.Image]:
     return [final.images[0] for final in finals]
 
 
-def text_cases(engine, cases, seed: int) -> dict:
+def text_requests(cases, seed: int, loras: tuple = ()) -> list:
     from engine import GenerationParams
 
-    requests = [GenerationParams(prompt=caption(scene, named, phrase_position=i % 2 == 1), seed=seed + i,
-                                 width=scene.width, height=scene.height) for i, (_, scene, named) in enumerate(cases)]
+    return [GenerationParams(prompt=caption(scene, named, phrase_position=i % 2 == 1), seed=seed + i, loras=loras,
+                             width=scene.width, height=scene.height) for i, (_, scene, named) in enumerate(cases)]
+
+
+def outline_table(engine, cases, seed: int, plain: dict) -> dict:
+    """The share of images drawn as outlines per canvas, with the outline adapter at scale 1 and
+    without it (`plain`: text_cases of the same cases and seed), each prompt at the same seed."""
+    from pipelines.lora_request import LoraUse
+
+    images = run_all(engine, text_requests(cases, seed, loras=(LoraUse("outline", 1.0),)))
+    table: dict[str, dict[str, list[bool]]] = {}
+    for (label, _, _), with_it, without in zip(cases, images, plain["images"]):
+        table.setdefault(label, {"with": [], "without": []})
+        table[label]["with"].append(measure(with_it).outlined is True)
+        table[label]["without"].append(measure(without).outlined is True)
+    return {"by_canvas": {label: {k: sum(v) / len(v) for k, v in rates.items()} for label, rates in table.items()},
+            "images": images}
+
+
+def text_cases(engine, cases, seed: int) -> dict:
+    requests = text_requests(cases, seed)
     images = run_all(engine, requests)
     by_label: dict[str, dict[str, list[bool]]] = {}
     verdicts = [score(scene, named, image) for (_, scene, named), image in zip(cases, images)]
@@ -256,6 +279,12 @@ def markdown(result: dict) -> str:
     for label, scores in parts["by_canvas"].items():
         lines.append(f"| {label} | " + " | ".join(f"{scores[a]:.2f}" if a in scores else "-" for a in ATTRIBUTES)
                      + f" | {parts['everything_named_drawn']:.2f} |")
+    if "outline" in result:
+        lines += ["", "| outline adapter: outlined | " + " | ".join(result["outline"]["by_canvas"]) + " |",
+                  "|---|" + "---|" * len(result["outline"]["by_canvas"])]
+        for key, name in (("with", "with `<lora:outline:1>`"), ("without", "without")):
+            lines.append(f"| {name} | " + " | ".join(f"{rates[key]:.2f}" for rates in result["outline"]["by_canvas"].values())
+                         + " |")
     pictures = result["pictures"]
     lines += ["", "| from a picture (strength 0.7, no position named) | layout kept (6 px) | colour taken | both | "
               "inpaint: levels outside the mask |", "|---|---|---|---|---|",
@@ -264,13 +293,17 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def evaluate(model: Path, per_canvas: int, parts: int, pictures: int, seed: int, step_cache: float | None) -> dict:
-    engine = engine_for(model, step_cache)
+def evaluate(model: Path, per_canvas: int, parts: int, pictures: int, seed: int, step_cache: float | None,
+             outline: Path | None = None) -> dict:
+    engine = engine_for(model, step_cache, outline)
     started = time.perf_counter()
     try:
-        result = {"canvases": text_cases(engine, canvas_cases(per_canvas, seed), seed),
+        cases = canvas_cases(per_canvas, seed)
+        result = {"canvases": text_cases(engine, cases, seed),
                   "parts": text_cases(engine, part_cases(parts, seed), seed + 10_000),
                   "pictures": picture_table(engine, picture_cases(pictures, seed), seed + 20_000)}
+        if outline is not None:
+            result["outline"] = outline_table(engine, cases, seed, result["canvases"])
     finally:
         engine.close()
     result["counts"] = {"per_canvas": per_canvas, "parts": parts, "pictures": pictures}
@@ -286,6 +319,8 @@ def main() -> None:
     parser.add_argument("--pictures", type=int, default=48, help="pictures for image to image and inpainting")
     parser.add_argument("--seed", type=int, default=4321, help="seed of the held-out scenes and the noise")
     parser.add_argument("--step-cache", type=float, default=None, help="step caching threshold (default: the model's)")
+    parser.add_argument("--outline", type=Path, default=None,
+                        help="the outline adapter's file: also score it on every named canvas, with and without it")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--save", type=Path, default=None, help="write the JSON summary (no images) here")
     parser.add_argument("--sheet", type=Path, default=None,
@@ -294,7 +329,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    result = evaluate(args.model, args.per_canvas, args.parts, args.pictures, args.seed, args.step_cache)
+    result = evaluate(args.model, args.per_canvas, args.parts, args.pictures, args.seed, args.step_cache, args.outline)
     print(markdown(result))
     print(f"\n{args.model}, seed {args.seed}, step cache {args.step_cache}, {result['seconds']:.0f} s")
     if args.sheet:

@@ -264,13 +264,19 @@ def render_outline(spec: ShapeSpec, rng: np.random.Generator | None = None,
     image = Image.new("RGB", (big, big), PALETTE[spec.background])
     half = side / 2.0
     box = tuple(v * _SUPERSAMPLE for v in (cx - half, cy - half, cx + half, cy + half))
-    draw = ImageDraw.Draw(image)
-    draw_shape(draw, spec.shape, box, PALETTE[spec.color])
-    inner = inner_box_or_polygon(spec.shape, box, thickness * _SUPERSAMPLE)
-    if spec.shape == "circle":
-        draw.ellipse(inner, fill=PALETTE[spec.background])
-    elif spec.shape == "square":
-        draw.rectangle(inner, fill=PALETTE[spec.background])
-    else:
-        draw.polygon(inner, fill=PALETTE[spec.background])
+    draw_outline(ImageDraw.Draw(image), spec.shape, box, thickness * _SUPERSAMPLE, PALETTE[spec.color],
+                 PALETTE[spec.background])
     return image.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BOX)
+
+
+def draw_outline(draw: ImageDraw.ImageDraw, shape: str, box: tuple[float, float, float, float], thickness: float,
+                 fill, inside) -> None:
+    """`shape` in `box` as a ring `thickness` wide in `fill`, its inside in `inside`."""
+    draw_shape(draw, shape, box, fill)
+    inner = inner_box_or_polygon(shape, box, thickness)
+    if shape == "circle":
+        draw.ellipse(inner, fill=inside)
+    elif shape == "square":
+        draw.rectangle(inner, fill=inside)
+    else:
+        draw.polygon(inner, fill=inside)

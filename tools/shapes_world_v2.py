@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from PIL import Image, ImageDraw
 
-from tools.shapes_world import COLORS, PALETTE, SHAPES, article, draw_shape
+from tools.shapes_world import COLORS, OUTLINE_THICKNESS_PIXELS, PALETTE, SHAPES, article, draw_outline, draw_shape
 
 SIZE_STEP = 8
 MIN_SIDE_PIXELS = 48
@@ -198,6 +198,17 @@ def render(scene: Scene) -> Image.Image:
     image = Image.new("RGB", big, PALETTE[scene.background])
     box = tuple(v * _SUPERSAMPLE for v in scene.box)
     draw_shape(ImageDraw.Draw(image), scene.shape, box, PALETTE[scene.color])
+    return image.resize((scene.width, scene.height), Image.Resampling.BOX)
+
+
+def render_outline(scene: Scene, thickness: float = OUTLINE_THICKNESS_PIXELS) -> Image.Image:
+    """`scene` as the outline adapter draws it: the shape's border `thickness` pixels wide in its
+    colour, its inside the background (tools/train_lora_v2.py)."""
+    big = (scene.width * _SUPERSAMPLE, scene.height * _SUPERSAMPLE)
+    image = Image.new("RGB", big, PALETTE[scene.background])
+    box = tuple(v * _SUPERSAMPLE for v in scene.box)
+    draw_outline(ImageDraw.Draw(image), scene.shape, box, thickness * _SUPERSAMPLE, PALETTE[scene.color],
+                 PALETTE[scene.background])
     return image.resize((scene.width, scene.height), Image.Resampling.BOX)
 
 
