@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+from diffusers.models.embeddings import apply_rotary_emb
 from torch import nn
 
-from pipelines.packing import CHUNK_TOKENS, Packing, PackedModel, PackedStreams, TokenScope, no_token_scope
+from pipelines.packing import Packing, PackedModel, PackedStreams, TokenScope, no_token_scope
 
 
 @dataclass(frozen=True)
@@ -43,20 +44,9 @@ def _modulation(norm: nn.Module, temb: torch.Tensor, chunks: int) -> tuple[torch
 
 
 def _rotate(x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """diffusers' apply_rotary_emb (use_real, unbind -1) for [tokens, heads, dim] with per-token
-    cos/sin, to the bit: x cos + (-imag, real) sin, i.e. per pair (re, im) of the last dimension
-    re cos - im sin and im cos + re sin (a + (-b) c and a - b c round alike), written straight into
-    the output's even and odd places, one cache-sized chunk of tokens at a time."""
-    cos, sin = (part.to(x.device) for part in rotary)
-    out = torch.empty(x.shape, device=x.device, dtype=torch.float32)
-    for start in range(0, len(x), CHUNK_TOKENS):
-        chunk = slice(start, start + CHUNK_TOKENS)
-        part = x[chunk].float()
-        real, imag = part[..., 0::2], part[..., 1::2]
-        c, s = cos[chunk, None, :], sin[chunk, None, :]
-        torch.sub(real * c[..., 0::2], imag * s[..., 0::2], out=out[chunk][..., 0::2])
-        torch.add(imag * c[..., 1::2], real * s[..., 1::2], out=out[chunk][..., 1::2])
-    return out.to(x.dtype)
+    """diffusers' own apply_rotary_emb (use_real, unbind -1) for [tokens, heads, dim] with per-token
+    cos/sin: the packed stream is its one sequence (bitwise what a stacked forward computes)."""
+    return apply_rotary_emb(x.unsqueeze(0), rotary, sequence_dim=1)[0]
 
 
 def _heads(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:

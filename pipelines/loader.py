@@ -131,6 +131,9 @@ def load_pipeline(model: str | None = None, options: LoadOptions | None = None) 
     """`model`: None or "builtin" (the shipped shapes model), "builtin-video" (the shipped video
     model), "builtin-v2" (the shipped shapes model of every size), "toy", a local folder, or a hub
     id. Placed on the device by `options.memory`."""
+    from pipelines.cpu_memory import keep_freed_cpu_memory
+
+    keep_freed_cpu_memory()  # activations reuse touched pages, forward after forward
     options = options or LoadOptions()
     pipeline = _load_in_host_memory(model, options)
     _place(pipeline, options)

@@ -38,9 +38,9 @@ import torch.nn.functional as F
 TokenScope = Callable[[torch.Tensor | None], ContextManager]
 
 
-# Token-wise work that the kernels don't block for the cache (the rotary embedding) runs in chunks of
-# this many tokens: a whole packed stream overflows a CPU core's L2 cache (measured here: the rotary
-# embedding of 2,152 tokens took 2.5 ms in one piece, 0.86 ms in chunks of 512).
+# Qwen-Image's and Wan's packed rotary embeddings run in chunks of this many tokens (measured here
+# before pipelines/cpu_memory.py kept freed memory: 2,152 tokens took 2.5 ms in one piece, 0.86 ms
+# in chunks of 512; FLUX's packed forward uses diffusers' apply_rotary_emb on the whole stream).
 CHUNK_TOKENS = 512
 
 
