@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from tools.builtin_components import TEXT_LENGTH
 from tools.shapes_world import OUTLINE_THICKNESS_PIXELS, ShapeSpec, all_specs, caption, example_specs, render_outline
 from tools.train_builtin import image_ids, pack_latents, sample_sigmas, to_tensor, tokenize_all
-from tools.training_loop import cosine_lr, log, progress_fraction
+from tools.training_loop import log, scheduled_lr
 
 DEFAULT_MODEL = Path("assets/shapes-flux")
 DEFAULT_OUT = Path("assets/loras/shapes-flux/outline.safetensors")
@@ -121,16 +121,56 @@ def save_adapter(transformer, args, path: Path) -> None:
                                    transformer_lora_adapter_metadata=lora_metadata(args), weight_name=path.name)
 
 
-def train(args) -> dict:
+def frozen_pipeline(args):
+    """The base model's FluxPipeline, every component frozen: (pipe, latent shift, latent scale)."""
     from diffusers import FluxPipeline
-    from peft import LoraConfig
 
-    started_all = time.time()
     torch.manual_seed(args.seed)
     pipe = FluxPipeline.from_pretrained(args.model, use_safetensors=True)
     for component in (pipe.vae, pipe.text_encoder, pipe.text_encoder_2, pipe.transformer):
         component.eval().requires_grad_(False)
-    shift, scale = pipe.vae.config.shift_factor, pipe.vae.config.scaling_factor
+    return pipe, pipe.vae.config.shift_factor, pipe.vae.config.scaling_factor
+
+
+def with_adapter(transformer, args) -> list:
+    """Add the PEFT LoRA adapter to the transformer; its trainable parameters."""
+    from peft import LoraConfig
+
+    transformer.add_adapter(LoraConfig(r=args.rank, lora_alpha=args.alpha, target_modules=list(args.target_modules),
+                                       lora_dropout=0.0, init_lora_weights=True))
+    parameters = [p for p in transformer.parameters() if p.requires_grad]
+    log(f"lora: rank {args.rank}, alpha {args.alpha}, {sum(p.numel() for p in parameters):,} parameters "
+        f"in {len(parameters) // 2} layers")
+    return parameters
+
+
+def optimizer_step(loss: torch.Tensor, optimizer, parameters: list) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+    optimizer.step()
+
+
+def log_step(step: int, loss: float, loss_avg: float, lr: float, started: float) -> None:
+    elapsed = time.time() - started
+    log(f"lora step {step} loss {loss:.4f} avg {loss_avg:.4f} lr {lr:.2e} {step / elapsed:.2f} steps/s, {elapsed / 60:.1f} min")
+
+
+def finish(transformer, args, parameters: list, step: int, loss_avg: float | None, started: float,
+           started_all: float) -> dict:
+    """Save the adapter to args.out; the run's summary (logged)."""
+    minutes = (time.time() - started) / 60
+    save_adapter(transformer, args, args.out)
+    summary = {"steps": step, "train_minutes": round(minutes, 2), "total_minutes": round((time.time() - started_all) / 60, 2),
+               "loss_avg": round(loss_avg, 4) if loss_avg is not None else None, "file": str(args.out),
+               "bytes": args.out.stat().st_size, "parameters": sum(p.numel() for p in parameters)}
+    log("done: " + json.dumps(summary))
+    return summary
+
+
+def train(args) -> dict:
+    started_all = time.time()
+    pipe, shift, scale = frozen_pipeline(args)
 
     specs = training_specs(args.max_scenes)
     mean, logvar, scene = encode_outlines(pipe.vae, specs, args.renders_per_scene, args.thickness, args.seed)
@@ -140,11 +180,7 @@ def train(args) -> dict:
         f"{time.time() - started_all:.0f} s")
 
     transformer = pipe.transformer
-    transformer.add_adapter(LoraConfig(r=args.rank, lora_alpha=args.alpha, target_modules=list(args.target_modules),
-                                       lora_dropout=0.0, init_lora_weights=True))
-    parameters = [p for p in transformer.parameters() if p.requires_grad]
-    log(f"lora: rank {args.rank}, alpha {args.alpha}, {sum(p.numel() for p in parameters):,} parameters "
-        f"in {len(parameters) // 2} layers")
+    parameters = with_adapter(transformer, args)
     optimizer = torch.optim.AdamW(parameters, lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.99))
     generator = torch.Generator().manual_seed(args.seed)
     img_ids = image_ids(mean.shape[2], mean.shape[3])
@@ -153,13 +189,8 @@ def train(args) -> dict:
     loss_avg = None
     step = 0
     started = time.time()
-    while True:
-        fraction = progress_fraction(step, args.steps, time.time() - started, args.minutes)
-        if fraction >= 1.0:
-            break
-        lr = cosine_lr(args.lr, fraction, step, warmup=args.warmup)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+    while (lr := scheduled_lr(optimizer, args.lr, step, time.time() - started, args.steps, args.minutes,
+                              args.warmup)) is not None:
         rows = torch.randint(len(mean), (args.batch,), generator=generator)
         std = (0.5 * logvar[rows]).exp()
         x0 = pack_latents((mean[rows] + std * torch.randn(std.shape, generator=generator) - shift) * scale)
@@ -178,54 +209,38 @@ def train(args) -> dict:
             return_dict=False,
         )[0]
         loss = F.mse_loss(velocity, noise - x0)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-        optimizer.step()
+        optimizer_step(loss, optimizer, parameters)
         loss_avg = loss.item() if loss_avg is None else 0.98 * loss_avg + 0.02 * loss.item()
         step += 1
         if args.save_every and step % args.save_every == 0 and step < args.steps:
             save_adapter(transformer, args, args.out.with_name(f"{args.out.stem}-step{step}.safetensors"))
         if step % args.log_every == 0 or step == 1:
-            elapsed = time.time() - started
-            log(f"lora step {step} loss {loss.item():.4f} avg {loss_avg:.4f} lr {lr:.2e} "
-                f"{step / elapsed:.2f} steps/s, {elapsed / 60:.1f} min")
-    minutes = (time.time() - started) / 60
-
-    save_adapter(transformer, args, args.out)
-    summary = {"steps": step, "train_minutes": round(minutes, 2), "total_minutes": round((time.time() - started_all) / 60, 2),
-               "loss_avg": round(loss_avg, 4) if loss_avg is not None else None, "file": str(args.out),
-               "bytes": args.out.stat().st_size, "parameters": sum(p.numel() for p in parameters)}
-    log("done: " + json.dumps(summary))
-    return summary
+            log_step(step, loss.item(), loss_avg, lr, started)
+    return finish(transformer, args, parameters, step, loss_avg, started, started_all)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="the base model's diffusers folder")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the adapter file to write (.safetensors)")
+def shared_arguments(description: str, model: Path, out: Path, steps: int) -> argparse.ArgumentParser:
+    """The options both outline trainers take (this one and tools/train_lora_v2.py)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=model, help="the base model's diffusers folder")
+    parser.add_argument("--out", type=Path, default=out, help="the adapter file to write (.safetensors)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=1800)
+    parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--minutes", type=float, default=0.0, help="time budget (0: --steps only, deterministic)")
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--alpha", type=float, default=None, help="lora_alpha (default: the rank, scaling 1)")
     parser.add_argument("--target-modules", nargs="+", default=list(TARGET_MODULES))
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--renders-per-scene", type=int, default=3)
-    parser.add_argument("--max-scenes", type=int, default=None, help="train on fewer scenes (smoke tests)")
-    parser.add_argument("--thickness", type=float, default=OUTLINE_THICKNESS_PIXELS, help="outline width, pixels")
     parser.add_argument("--empty-caption-rate", type=float, default=0.1)
-    parser.add_argument("--sigma-mean", type=float, default=1.0,
-                        help="logit-normal mean of the noise level (the base model used 0.5)")
     parser.add_argument("--sigma-std", type=float, default=1.0)
     parser.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="of the saved weights")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest on a busy 2-core machine)")
     parser.add_argument("--log-every", type=int, default=100)
-    parser.add_argument("--save-every", type=int, default=0,
-                        help="also write OUT-stepN.safetensors every N steps (0: only the final file)")
+    return parser
+
+
+def checked(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.alpha is None:
         args.alpha = float(args.rank)
@@ -234,10 +249,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = shared_arguments(__doc__, DEFAULT_MODEL, DEFAULT_OUT, steps=1800)
+    parser.add_argument("--weight-decay", type=float, default=0.0)
+    parser.add_argument("--renders-per-scene", type=int, default=3)
+    parser.add_argument("--max-scenes", type=int, default=None, help="train on fewer scenes (smoke tests)")
+    parser.add_argument("--thickness", type=float, default=OUTLINE_THICKNESS_PIXELS, help="outline width, pixels")
+    parser.add_argument("--sigma-mean", type=float, default=1.0,
+                        help="logit-normal mean of the noise level (the base model used 0.5)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest on a busy 2-core machine)")
+    parser.add_argument("--save-every", type=int, default=0,
+                        help="also write OUT-stepN.safetensors every N steps (0: only the final file)")
+    return checked(parser, argv)
+
+
+def run(parse, training, argv: list[str] | None) -> dict:
+    """Parse the command line, set the thread count, train: both outline trainers' main."""
+    args = parse(argv)
     torch.set_num_threads(args.threads)
-    return train(args)
+    return training(args)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return run(parse_args, train, argv)
 
 
 if __name__ == "__main__":

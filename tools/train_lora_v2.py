@@ -25,7 +25,6 @@ Deterministic given --seed and --steps (same machine, torch build and --threads)
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -37,8 +36,18 @@ from tools.builtin_components import TEXT_LENGTH
 from tools.shapes_world_v2 import Scene, random_caption, random_scene, render_outline
 from tools.train_builtin import image_ids, pack_latents, to_tensor
 from tools.train_builtin_v2 import CANVASES, image_tokens, schedule_mu, scene_of
-from tools.train_lora import TARGET_MODULES, encode_texts, save_adapter
-from tools.training_loop import cosine_lr, log, progress_fraction
+from tools.train_lora import (
+    checked,
+    encode_texts,
+    finish,
+    frozen_pipeline,
+    log_step,
+    optimizer_step,
+    run,
+    shared_arguments,
+    with_adapter,
+)
+from tools.training_loop import log, scheduled_lr
 
 DEFAULT_MODEL = Path("assets/shapes-flux-v2")
 DEFAULT_OUT = Path("assets/loras/shapes-flux-v2/outline.safetensors")
@@ -58,23 +67,14 @@ def encode_outlines(vae, per_canvas: int, seed: int, canvases=CANVASES) -> dict:
 
 
 def train(args) -> dict:
-    from diffusers import FluxPipeline
-    from peft import LoraConfig
-
     started_all = time.time()
-    torch.manual_seed(args.seed)
-    pipe = FluxPipeline.from_pretrained(args.model, use_safetensors=True)
-    for component in (pipe.vae, pipe.text_encoder, pipe.text_encoder_2, pipe.transformer):
-        component.eval().requires_grad_(False)
-    shift, scale = pipe.vae.config.shift_factor, pipe.vae.config.scaling_factor
+    pipe, shift, scale = frozen_pipeline(args)
     canvases = CANVASES if args.canvases is None else CANVASES[:: max(1, len(CANVASES) // args.canvases)]
     buckets = encode_outlines(pipe.vae, args.per_canvas, args.seed, canvases)
     log(f"data: {len(buckets)} canvases x {args.per_canvas} outline scenes, {time.time() - started_all:.0f} s")
 
     transformer = pipe.transformer
-    transformer.add_adapter(LoraConfig(r=args.rank, lora_alpha=args.alpha, target_modules=list(args.target_modules),
-                                       lora_dropout=0.0, init_lora_weights=True))
-    parameters = [p for p in transformer.parameters() if p.requires_grad]
+    parameters = with_adapter(transformer, args)
     optimizer = torch.optim.AdamW(parameters, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.99))
     generator = torch.Generator().manual_seed(args.seed)
     rng = np.random.default_rng([args.seed, 8])
@@ -82,13 +82,8 @@ def train(args) -> dict:
     keys = sorted(buckets)
     transformer.train()
     loss_avg, step, started = None, 0, time.time()
-    while True:
-        fraction = progress_fraction(step, args.steps, time.time() - started, args.minutes)
-        if fraction >= 1.0:
-            break
-        lr = cosine_lr(args.lr, fraction, step, warmup=args.warmup)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+    while (lr := scheduled_lr(optimizer, args.lr, step, time.time() - started, args.steps, args.minutes,
+                              args.warmup)) is not None:
         width, height = keys[int(torch.randint(len(keys), (1,), generator=generator))]
         bucket = buckets[(width, height)]
         rows = torch.randint(len(bucket["mean"]), (args.batch,), generator=generator)
@@ -105,57 +100,26 @@ def train(args) -> dict:
                                encoder_hidden_states=sequence, txt_ids=txt_ids,
                                img_ids=image_ids(height // 4, width // 4), return_dict=False)[0]
         loss = F.mse_loss(velocity, noise - x0)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-        optimizer.step()
+        optimizer_step(loss, optimizer, parameters)
         loss_avg = loss.item() if loss_avg is None else 0.98 * loss_avg + 0.02 * loss.item()
         step += 1
         if step % args.log_every == 0 or step == 1:
-            elapsed = time.time() - started
-            log(f"lora step {step} loss {loss.item():.4f} avg {loss_avg:.4f} lr {lr:.2e} "
-                f"{step / elapsed:.2f} steps/s, {elapsed / 60:.1f} min")
-    minutes = (time.time() - started) / 60
-    save_adapter(transformer, args, args.out)
-    summary = {"steps": step, "train_minutes": round(minutes, 2), "total_minutes": round((time.time() - started_all) / 60, 2),
-               "loss_avg": round(loss_avg, 4) if loss_avg is not None else None, "file": str(args.out),
-               "bytes": args.out.stat().st_size, "parameters": sum(p.numel() for p in parameters)}
-    log("done: " + json.dumps(summary))
-    return summary
+            log_step(step, loss.item(), loss_avg, lr, started)
+    return finish(transformer, args, parameters, step, loss_avg, started, started_all)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="the base model's diffusers folder")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the adapter file to write (.safetensors)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=2400)
-    parser.add_argument("--minutes", type=float, default=0.0, help="time budget (0: --steps only, deterministic)")
-    parser.add_argument("--rank", type=int, default=8)
-    parser.add_argument("--target-modules", nargs="+", default=list(TARGET_MODULES))
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--warmup", type=int, default=100)
+    parser = shared_arguments(__doc__, DEFAULT_MODEL, DEFAULT_OUT, steps=2400)
     parser.add_argument("--per-canvas", type=int, default=40, help="outline scenes per canvas")
     parser.add_argument("--canvases", type=int, default=None, help="train on about this many canvases (smoke tests)")
-    parser.add_argument("--empty-caption-rate", type=float, default=0.1)
     parser.add_argument("--sigma-offset", type=float, default=0.5,
                         help="added to the schedule's shift for the noise level's logit-normal mean")
-    parser.add_argument("--sigma-std", type=float, default=1.0)
-    parser.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="of the saved weights")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--log-every", type=int, default=100)
-    args = parser.parse_args(argv)
-    args.alpha = float(args.rank)
-    if args.out.suffix != ".safetensors":
-        parser.error(f"--out {args.out}: the adapter file must end in .safetensors")
-    return args
+    return checked(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    return train(args)
+    return run(parse_args, train, argv)
 
 
 if __name__ == "__main__":
