@@ -194,6 +194,16 @@ def test_train_lora_v2_smoke_run_writes_a_file_the_v2_model_loads(tmp_path):
     assert first["steps"] == second["steps"] == 2
     with safe_open(str(tmp_path / "a" / "x.safetensors"), "pt") as a, safe_open(str(tmp_path / "b" / "x.safetensors"), "pt") as b:
         assert sorted(a.keys()) == sorted(b.keys()) and all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys())
-    pipe = load_pipeline("builtin-v2")
-    pipe.load_lora("x", tmp_path / "a" / "x.safetensors")
-    assert pipe.loras.adapters["x"].rank == 4 and pipe.info.loras == ("x",)
+    from pipelines.loader import BUILTIN_V2_MODEL_DIR
+    from tools.evaluate_v2 import canvas_cases, engine_for, outline_table, text_cases
+
+    engine = engine_for(BUILTIN_V2_MODEL_DIR, 0.0, tmp_path / "a" / "x.safetensors")  # loaded as "outline"
+    try:
+        assert engine.pipeline.loras.adapters["outline"].rank == 4
+        cases = canvas_cases(1, 4321)[:2]
+        plain = text_cases(engine, cases, 4321)
+        table = outline_table(engine, cases, 4321, plain)["by_canvas"]
+    finally:
+        engine.close()
+    assert list(table) == [label for label, _, _ in cases]
+    assert all(rates["without"] == 0.0 and 0.0 <= rates["with"] <= 1.0 for rates in table.values())

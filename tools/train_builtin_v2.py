@@ -403,7 +403,8 @@ def export(args, checkpoint: Path | None = None, out: Path | None = None) -> Non
         "preview_rgb_bias": bias,
         "training": {"seed": args.seed, "transformer_steps": saved["state"]["step"],
                      "transformer_minutes": round(saved["state"]["elapsed"] / 60, 1),
-                     "weights": "raw" if args.export_raw else "ema"},
+                     "weights": "raw" if args.export_raw else "ema",
+                     "init_from": str(args.init_from) if args.init_from else None, "recolor_rate": args.recolor_rate},
     }
     (out / "stepstudio.json").write_text(json.dumps(defaults, indent=2) + "\n")
     log(f"export: wrote {out} (step {saved['state']['step']}, {'raw' if args.export_raw else 'EMA'} weights)")
