@@ -69,7 +69,7 @@ def test_recoloured_rows_start_from_the_other_colour_and_target_the_captions():
     import numpy as np
 
     from tools.shapes_world_v2 import random_caption, random_scene, recolored
-    from tools.train_builtin_v2 import recolor_sources
+    from tools.recolor_rows import recolor_sources
 
     rng = np.random.default_rng(0)
     scene = random_scene(rng, 64, 64)

@@ -37,6 +37,7 @@ from tools.builtin_components import (
     build_transformer,
     build_vae,
 )
+from tools.recolor_rows import recolor_sources
 from tools.shapes_world_v2 import (
     CANVAS_SIDES,
     Scene,
@@ -44,7 +45,6 @@ from tools.shapes_world_v2 import (
     random_canvas,
     random_caption,
     random_scene,
-    recolored,
     render,
     vocabulary,
 )
@@ -214,22 +214,6 @@ def encode_latents(args) -> None:
 def scene_of(row: tuple, width: int, height: int) -> Scene:
     shape, color, background, side, cx, cy = row
     return Scene(width, height, shape, color, background, side, cx, cy)
-
-
-def recolor_sources(edits: list[int], scenes: list[Scene], x0, sigma, vae, shift: float, scale: float,
-                    rng: np.random.Generator, generator: torch.Generator):
-    """Image-to-image rows: each row in `edits` starts from a blend of its scene and the same scene
-    in another colour (the blend's share uniform in [0, 1], covering every state an image-to-image
-    run passes through), at a noise level in [0.35, 0.95], so that a caption naming a colour wins
-    over the picture's colour while the layout is kept."""
-    with torch.no_grad():
-        pictures = to_tensor([render(recolored(scenes[i], rng)) for i in edits])
-        other = pack_latents((vae.encode(pictures).latent_dist.mean - shift) * scale)
-    share = torch.rand(len(edits), generator=generator)[:, None, None]
-    source, sigma = x0.clone(), sigma.clone()
-    source[edits] = share * other + (1.0 - share) * x0[edits]
-    sigma[edits] = 0.35 + 0.6 * torch.rand(len(edits), generator=generator)
-    return source, sigma
 
 
 def train_transformer(args) -> None:
