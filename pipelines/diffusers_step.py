@@ -335,10 +335,10 @@ class DiffusersStepPipeline(ImageStart, BatchedPromptEncoder):
 
     def _guided_forward(self, states: Sequence[RequestState], denoiser: torch.nn.Module) -> list[torch.Tensor]:
         """One forward of `denoiser` over the CFG layout of `states`; one guided prediction each."""
-        layout = CfgLayout.of(states)
+        # Where rows may pack, requests of one shape side by side (stable: one shape keeps its order).
+        by_shape = (lambda state: self._row_shape(Row(state, state.conditioning.positive))) if self.packs else None
+        layout = CfgLayout.of(states, order_by=by_shape)
         packed = self._runs_packed(layout.rows)
-        if packed:  # requests of one shape side by side: runs that packed attention reads as views
-            layout = CfgLayout.of(states, order_by=lambda state: self._row_shape(Row(state, state.conditioning.positive)))
         # Each row with its request's adapters (both rows of a CFG request), on shared base weights.
         with self.loras.rows([row.state.params.loras for row in layout.rows], self.device, self.dtype):
             if packed:
