@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     model = parser.add_argument_group("model")
     model.add_argument("--model", action="append", default=None,
                        help="'builtin' (assets/shapes-flux), 'builtin-video' (assets/shapes-wan), 'builtin-v2' "
-                            "(assets/shapes-flux-v2: every size from 48 to 128 px), 'toy' (weightless "
+                            "(assets/shapes-flux-v2: every size from 48 to 128 px), 'builtin-video-v2' "
+                            "(assets/shapes-wan-v2: 64x64 x 9 frames, 96x64 x 13), 'toy' (weightless "
                             "test model), a local diffusers folder, or a model hub id such as org/name; give it "
                             "several times to serve several models from one engine (the first is the default). "
                             "Default: the built-in image model and the built-in video model")

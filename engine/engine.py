@@ -187,7 +187,8 @@ class Engine(QueueControl):
             params = replace(params, seed=random.SystemRandom().randrange(_SEED_RANGE))
         pipeline.validate(params)
         info = pipeline.info
-        check_supported_size(params, model, info.supported_sizes, info.size_range, info.size_multiple)
+        check_supported_size(params, model, info.supported_sizes, info.size_range, info.size_multiple,
+                             info.supported_frame_counts)
         check_image_inputs(params, model, pipeline.info.image_inputs)
         check_step_cache(params, model, pipeline.info.step_cache)
         check_loaded_loras(params.loras, model, pipeline.info.loras)

@@ -64,12 +64,13 @@ class ServingLimits:
 
     def resolved_for(self, info: PipelineInfo) -> "ServingLimits":
         """These limits with `max_size=None` replaced by the model's largest size: the top of its
-        card's size range, else its default size."""
+        card's size range, else the largest side of its card's sizes and its default size."""
         if self.max_size is not None:
             return self
         if info.size_range is not None:
             return replace(self, max_size=info.size_range[1])
-        return replace(self, max_size=max(info.defaults.width, info.defaults.height))
+        sides = [side for size in info.supported_sizes for side in size]
+        return replace(self, max_size=max(info.defaults.width, info.defaults.height, *sides))
 
     def check(self, params: GenerationParams) -> None:
         """Raise ValueError when a (defaults-resolved) request exceeds this server's caps."""

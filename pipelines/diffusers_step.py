@@ -217,7 +217,7 @@ class DiffusersStepPipeline(ImageStart, BatchedPromptEncoder):
             size_multiple=size_multiple,
             schedulers=self.schedulers,
             supported_sizes=self.studio.sizes,
-            size_range=self.studio.size_range,
+            size_range=self.studio.size_range, supported_frame_counts=self.studio.frame_counts,
             image_inputs=self.image_inputs,
             step_cache=self.step_cache is not None,
             extras={

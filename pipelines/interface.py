@@ -147,6 +147,8 @@ class PipelineInfo:
     # The smallest and largest width or height served (multiples of size_multiple), when the
     # model's card names them; None: any multiple (within the server's limits).
     size_range: tuple[int, int] | None = None
+    # A video model's only frame counts served, when its card names them; empty: any its VAE takes.
+    supported_frame_counts: tuple[int, ...] = ()
     # The GenerationParams image fields this model takes ("init_image", "mask_image"); empty:
     # it makes media from text only.
     image_inputs: tuple[str, ...] = ()

@@ -33,8 +33,11 @@ BUILTIN_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "shapes-
 BUILTIN_VIDEO_MODEL_DIR = BUILTIN_MODEL_DIR.parent / "shapes-wan"
 # Every size from 48 to 128 px, shapes anywhere, prompts with parts left out (docs/models.md).
 BUILTIN_V2_MODEL_DIR = BUILTIN_MODEL_DIR.parent / "shapes-flux-v2"
+# Clips of 64x64 x 9 frames and 96x64 x 13 frames (docs/models.md).
+BUILTIN_VIDEO_V2_MODEL_DIR = BUILTIN_MODEL_DIR.parent / "shapes-wan-v2"
 # Names `--model` understands besides folders and hub ids.
-BUILTIN_MODELS = {"builtin": BUILTIN_MODEL_DIR, "builtin-video": BUILTIN_VIDEO_MODEL_DIR, "builtin-v2": BUILTIN_V2_MODEL_DIR}
+BUILTIN_MODELS = {"builtin": BUILTIN_MODEL_DIR, "builtin-video": BUILTIN_VIDEO_MODEL_DIR, "builtin-v2": BUILTIN_V2_MODEL_DIR,
+                  "builtin-video-v2": BUILTIN_VIDEO_V2_MODEL_DIR}
 
 
 @dataclass(frozen=True)
@@ -129,8 +132,8 @@ def family_class(class_name: str):
 
 def load_pipeline(model: str | None = None, options: LoadOptions | None = None) -> StepPipeline:
     """`model`: None or "builtin" (the shipped shapes model), "builtin-video" (the shipped video
-    model), "builtin-v2" (the shipped shapes model of every size), "toy", a local folder, or a hub
-    id. Placed on the device by `options.memory`."""
+    model), "builtin-v2" (the shipped shapes model of every size), "builtin-video-v2" (the shipped
+    video model of two sizes and lengths), "toy", a local folder, or a hub id. Placed on the device by `options.memory`."""
     from pipelines.cpu_memory import keep_freed_cpu_memory
 
     keep_freed_cpu_memory()  # activations reuse touched pages, forward after forward

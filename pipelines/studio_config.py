@@ -9,6 +9,8 @@ Every key is optional. A folder without the file is served with its family's def
     vocabulary                                                            the only words the model knows;
                                                                           prompts are lower-cased
     sizes ["64x64", ...]                                                  the only sizes served (default: any)
+    frame_counts [9, 13, ...]                                             a video model's only frame counts served
+                                                                          (default: any its VAE takes)
     size_range [MIN, MAX]                                                 each side from MIN to MAX pixels (in the
                                                                           family's multiples; default: any)
     step_cache                                                            the step-caching threshold of a request
@@ -49,6 +51,8 @@ class StudioConfig:
     sizes: tuple[tuple[int, int], ...] = ()
     # The smallest and largest side the model makes well, in pixels; None: any its family allows.
     size_range: tuple[int, int] | None = None
+    # The frame counts a video model makes well (its card's); empty: any its VAE takes.
+    frame_counts: tuple[int, ...] = ()
     step_cache: float | None = None
 
     def model_defaults(
@@ -135,6 +139,10 @@ def read_studio_config(folder: Path) -> StudioConfig:
                                                                      and v > 0 for v in size_range)
                                        and size_range[0] <= size_range[1]):
         raise ValueError(f"{path}: size_range must be [MIN, MAX] pixels with 0 < MIN <= MAX, got {size_range!r}.")
+    frame_counts = _typed(path, data, "frame_counts", list) or []
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in frame_counts):
+        raise ValueError(f"{path}: frame_counts must be a list of positive whole numbers like [9, 13], "
+                         f"got {frame_counts!r}.")
     return StudioConfig(
         height=_typed(path, data, "height", int),
         width=_typed(path, data, "width", int),
@@ -150,5 +158,6 @@ def read_studio_config(folder: Path) -> StudioConfig:
         preview_rgb_bias=bias,
         sizes=tuple(sizes),
         size_range=None if size_range is None else (size_range[0], size_range[1]),
+        frame_counts=tuple(frame_counts),
         step_cache=None if step_cache is None else float(step_cache),
     )

@@ -56,6 +56,13 @@ def check_size_in(width: int, height: int, name: str, sizes: tuple[tuple[int, in
                                   f"allowed {'sizes are' if len(sizes) > 1 else 'is'} {allowed}.")
 
 
+def check_frame_count_in(frames: int, model: str, counts: tuple[int, ...]) -> None:
+    """The video model's card names the only frame counts it makes well: refuse the others, naming them."""
+    if counts and frames not in counts:
+        raise ParamError("num_frames", f"num_frames={frames} is not a length {model} makes: allowed "
+                                       f"{'are' if len(counts) > 1 else 'is'} {', '.join(map(str, counts))}.")
+
+
 def check_side_in(name: str, value: int, model: str, size_range: tuple[int, int] | None, size_multiple: int) -> None:
     """A width or height within the model's card's range (PipelineInfo.size_range)."""
     if size_range is not None and not size_range[0] <= value <= size_range[1]:
@@ -115,9 +122,11 @@ def check_step_cache(params: GenerationParams, name: str, supported: bool) -> No
 
 
 def check_supported_size(params: GenerationParams, name: str, sizes: tuple[tuple[int, int], ...],
-                         size_range: tuple[int, int] | None = None, size_multiple: int = 1) -> None:
-    """The model's card names the only sizes it makes well, or the range of its sides: refuse the
-    others, naming what it makes."""
+                         size_range: tuple[int, int] | None = None, size_multiple: int = 1,
+                         frame_counts: tuple[int, ...] = ()) -> None:
+    """The model's card names the only sizes (and frame counts) it makes well, or the range of its
+    sides: refuse the others, naming what it makes."""
     check_size_in(params.width, params.height, name, sizes)
+    check_frame_count_in(params.num_frames, name, frame_counts)
     for field_name in ("width", "height"):
         check_side_in(field_name, getattr(params, field_name), name, size_range, size_multiple)

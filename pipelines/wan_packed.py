@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 from pipelines.packing import (
-    CHUNK_TOKENS,
     PackedModel,
     PackedStreams,
     Packing,
@@ -51,17 +50,14 @@ def packs(model: nn.Module) -> bool:
 
 
 def _rotate(x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """WanAttnProcessor's apply_rotary_emb for [tokens, heads, dim], per-token cos/sin, in chunks."""
+    """WanAttnProcessor's apply_rotary_emb for [tokens, heads, dim], per-token cos/sin (the same
+    operations, so the same bits)."""
     freqs_cos, freqs_sin = rotary
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = freqs_cos[:, None, 0::2], freqs_sin[:, None, 1::2]
     out = torch.empty_like(x)
-    for start in range(0, len(x), CHUNK_TOKENS):
-        part = slice(start, start + CHUNK_TOKENS)
-        x1, x2 = x[part].unflatten(-1, (-1, 2)).unbind(-1)
-        cos, sin = freqs_cos[part, None, 0::2], freqs_sin[part, None, 1::2]
-        chunk = torch.empty_like(x[part])
-        chunk[..., 0::2] = x1 * cos - x2 * sin
-        chunk[..., 1::2] = x1 * sin + x2 * cos
-        out[part] = chunk
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
     return out
 
 

@@ -14,6 +14,9 @@ from tools.moving_shapes_world import (
     FRAME_SIZE,
     NUM_FRAMES,
     TRAVEL_PIXELS,
+    V1_CANVAS,
+    V2_CANVASES,
+    Canvas,
     MotionSpec,
     all_specs,
     caption,
@@ -168,3 +171,35 @@ def test_evaluator_scores_wrong_clips_lower():
 
 def test_min_travel_is_a_third_of_the_rendered_travel():
     assert MIN_TRAVEL_PIXELS == pytest.approx(TRAVEL_PIXELS / 3)
+
+
+def test_the_default_canvas_is_shapes_wan_s_nine_frames_of_64x64():
+    assert (V1_CANVAS.width, V1_CANVAS.height, V1_CANVAS.frames) == (FRAME_SIZE, FRAME_SIZE, NUM_FRAMES)
+    assert [canvas.name for canvas in V2_CANVASES] == ["64x64x9", "96x64x13"]
+    spec = MotionSpec(color="red", shape="circle", background="blue", direction="up")
+    default = render(spec, np.random.default_rng(2))
+    explicit = render(spec, np.random.default_rng(2), V1_CANVAS)
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(default, explicit))
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_a_wider_longer_canvas_keeps_the_speed_where_the_canvas_leaves_room(direction):
+    canvas = Canvas(96, 64, 13)
+    spec = MotionSpec(color="white", shape="square", background="green", direction=direction)
+    frames = render(spec, canvas=canvas)
+    assert len(frames) == 13 and {frame.size for frame in frames} == {(96, 64)}
+    track = measure_video(frames).track
+    (x0, y0), (x1, y1) = track[0], track[-1]
+    # 3 px a frame over 12 frames along the 96 px width; the 64 px height leaves 64 - 26 - 6 = 32 px.
+    travel = 36.0 if direction in ("left", "right") else 32.0
+    assert canvas.travel(direction) == travel
+    step = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}[direction]
+    assert (x1 - x0, y1 - y0) == pytest.approx((step[0] * travel, step[1] * travel), abs=1.0)
+    assert ((x0 + x1) / 2, (y0 + y1) / 2) == pytest.approx((48, 32), abs=0.5)
+
+
+def test_evaluator_scores_clean_renders_of_every_v2_canvas_perfectly():
+    rng = np.random.default_rng(12)
+    for canvas in V2_CANVASES:
+        pairs = [(caption(spec), render(spec, rng, canvas)) for spec in held_out_specs()]
+        assert evaluate_videos(pairs) == {"color": 1.0, "shape": 1.0, "background": 1.0, "direction": 1.0}, canvas

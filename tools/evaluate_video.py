@@ -38,7 +38,7 @@ from PIL import Image
 from tools.evaluate_builtin import border_pixels, classify_shape, nearest_palette_color, robust_box
 from tools.moving_shapes_world import (
     DIRECTION_VECTORS,
-    FRAME_SIZE,
+    Canvas,
     TRAVEL_PIXELS,
     MotionSpec,
     caption,
@@ -78,8 +78,8 @@ def as_frame_arrays(frames) -> list[np.ndarray]:
         else:
             array = np.asarray(frame)
             array = array.astype(np.float32) * (255.0 if array.dtype.kind == "f" else 1.0)
-        if array.shape != (FRAME_SIZE, FRAME_SIZE, 3):
-            raise ValueError(f"expected {FRAME_SIZE}x{FRAME_SIZE} RGB frames, got an array of shape {array.shape}")
+        if array.ndim != 3 or array.shape[-1] != 3 or (arrays and array.shape != arrays[0].shape):
+            raise ValueError(f"expected RGB frames of one size, got an array of shape {array.shape}")
         arrays.append(array)
     if not arrays:
         raise ValueError("a clip needs at least one frame, got none")
@@ -163,8 +163,23 @@ def load_pipeline(model_dir: Path):
     return pipe
 
 
-def generate(pipe, prompts: list[str], defaults: dict, steps: int, guidance_scale: float, seed: int, batch: int):
-    """Clips for `prompts` from the stock WanPipeline: float arrays [T, H, W, 3] in [0, 1]."""
+def default_canvas(defaults: dict) -> Canvas:
+    return Canvas(defaults["width"], defaults["height"], defaults["num_frames"])
+
+
+def parse_canvas(text: str) -> Canvas:
+    """"WIDTHxHEIGHTxFRAMES" (e.g. 96x64x13) -> Canvas."""
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(part.isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(f"a canvas reads WIDTHxHEIGHTxFRAMES, e.g. 96x64x13; got {text!r}")
+    return Canvas(*map(int, parts))
+
+
+def generate(pipe, prompts: list[str], defaults: dict, steps: int, guidance_scale: float, seed: int, batch: int,
+             canvas: Canvas | None = None):
+    """Clips for `prompts` from the stock WanPipeline: float arrays [T, H, W, 3] in [0, 1], at
+    `canvas` (default: the model's serving size and length)."""
+    canvas = canvas or default_canvas(defaults)
     import torch
 
     clips = []
@@ -174,9 +189,9 @@ def generate(pipe, prompts: list[str], defaults: dict, steps: int, guidance_scal
         result = pipe(
             prompt=chunk,
             negative_prompt=[defaults["negative_prompt"]] * len(chunk),
-            height=defaults["height"],
-            width=defaults["width"],
-            num_frames=defaults["num_frames"],
+            height=canvas.height,
+            width=canvas.width,
+            num_frames=canvas.frames,
             num_inference_steps=steps,
             guidance_scale=guidance_scale,
             max_sequence_length=defaults["max_sequence_length"],
@@ -187,24 +202,27 @@ def generate(pipe, prompts: list[str], defaults: dict, steps: int, guidance_scal
     return clips
 
 
-def contact_sheet(prompts: list[str], clips: list, frames: tuple[int, ...] = (0, 4, 8)) -> Image.Image:
+def contact_sheet(prompts: list[str], clips: list) -> Image.Image:
     """One row per clip: its first, middle and last frames (shown 2x, nearest-neighbour), then the
-    prompt and the evaluator's verdict."""
+    prompt and the evaluator's verdict. Clips may differ in size and length."""
     from PIL import ImageDraw, ImageFont
 
-    tile, text_width, row_height = 2 * FRAME_SIZE, 300, 2 * FRAME_SIZE + 8
-    sheet = Image.new("RGB", (len(frames) * (tile + 4) + text_width, len(clips) * row_height), "white")
+    sizes = [as_frame_arrays(clip)[0].shape[:2] for clip in clips]
+    tile_width, tile_height = 2 * max(w for _, w in sizes), 2 * max(h for h, _ in sizes)
+    text_width, row_height = 300, tile_height + 8
+    sheet = Image.new("RGB", (3 * (tile_width + 4) + text_width, len(clips) * row_height), "white")
     draw = ImageDraw.Draw(sheet)
     font = ImageFont.load_default()
     for row, (prompt, clip) in enumerate(zip(prompts, clips)):
         arrays = as_frame_arrays(clip)
         y = row * row_height + 4
-        for column, index in enumerate(frames):
+        for column, index in enumerate((0, len(arrays) // 2, len(arrays) - 1)):
             image = Image.fromarray(arrays[index].round().clip(0, 255).astype(np.uint8))
-            sheet.paste(image.resize((tile, tile), Image.Resampling.NEAREST), (column * (tile + 4), y))
+            size = (2 * image.width, 2 * image.height)
+            sheet.paste(image.resize(size, Image.Resampling.NEAREST), (column * (tile_width + 4), y))
         verdict = score_video(parse_caption(prompt), clip)
         misses = [attribute for attribute, correct in verdict.items() if not correct]
-        x = len(frames) * (tile + 4) + 6
+        x = 3 * (tile_width + 4) + 6
         draw.text((x, y + 40), prompt, fill="black", font=font)
         draw.text((x, y + 58), ("wrong: " + ", ".join(misses)) if misses else "all attributes right",
                   fill="firebrick" if misses else "darkgreen", font=font)
@@ -240,6 +258,8 @@ def main() -> None:
                         help="the sampler's flow_shift (default: the model's scheduler config)")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--canvas", type=parse_canvas, nargs="+", default=None, metavar="WxHxFRAMES",
+                        help="the sizes and lengths to score, e.g. 64x64x9 96x64x13 (default: the model's)")
     parser.add_argument("--contact-sheet", type=Path, default=None,
                         help="also write first/middle/last frames of the model's example prompts here")
     parser.add_argument("--step-cache", type=float, nargs="+", default=None, metavar="THRESHOLD",
@@ -261,21 +281,26 @@ def main() -> None:
     if args.flow_shift is not None:
         pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, flow_shift=args.flow_shift)
     prompts = evaluation_prompts(args.split, args.repeats)
-    print(f"model {args.model}, {args.split} split, {len(prompts)} clips, {steps} steps, "
-          f"flow_shift {pipe.scheduler.config.flow_shift:g}, "
-          f"{defaults['num_frames']}x{defaults['height']}x{defaults['width']}, seed {args.seed}\n")
-    print("| guidance | " + " | ".join(ATTRIBUTES) + " | s/clip |")
-    print("|---|" + "---|" * (len(ATTRIBUTES) + 1))
-    for scale in scales if prompts else []:  # --repeats 0: only the contact sheet
-        started = time.perf_counter()
-        clips = generate(pipe, prompts, defaults, steps, scale, args.seed, args.batch)
-        per_clip = (time.perf_counter() - started) / len(prompts)
-        scores = evaluate_videos(list(zip(prompts, clips)))
-        cells = " | ".join(f"{scores[a]:.2f}" for a in ATTRIBUTES)
-        print(f"| {scale:g} | {cells} | {per_clip:.3f} |", flush=True)
-    if args.contact_sheet:
+    canvases = args.canvas or [default_canvas(defaults)]
+    print(f"model {args.model}, {args.split} split, {len(prompts)} clips per canvas, {steps} steps, "
+          f"flow_shift {pipe.scheduler.config.flow_shift:g}, seed {args.seed}\n")
+    print("| canvas (WxHxframes) | guidance | " + " | ".join(ATTRIBUTES) + " | s/clip |")
+    print("|---|---|" + "---|" * (len(ATTRIBUTES) + 1))
+    for canvas in canvases if prompts else []:  # --repeats 0: only the contact sheet
+        for scale in scales:
+            started = time.perf_counter()
+            clips = generate(pipe, prompts, defaults, steps, scale, args.seed, args.batch, canvas)
+            per_clip = (time.perf_counter() - started) / len(prompts)
+            scores = evaluate_videos(list(zip(prompts, clips)))
+            cells = " | ".join(f"{scores[a]:.2f}" for a in ATTRIBUTES)
+            print(f"| {canvas.name} | {scale:g} | {cells} | {per_clip:.3f} |", flush=True)
+    if args.contact_sheet:  # the example prompts; several canvases take turns, a clip each
         examples = defaults["example_prompts"]
-        clips = generate(pipe, examples, defaults, steps, scales[0], args.seed, args.batch)
+        if len(canvases) == 1:
+            clips = generate(pipe, examples, defaults, steps, scales[0], args.seed, args.batch, canvases[0])
+        else:
+            clips = [generate(pipe, [prompt], defaults, steps, scales[0], args.seed + i, 1,
+                              canvases[i % len(canvases)])[0] for i, prompt in enumerate(examples)]
         contact_sheet(examples, clips).save(args.contact_sheet)
         print(f"\nwrote {args.contact_sheet}")
 

@@ -1,4 +1,5 @@
-"""The moving-shapes world: one coloured shape sliding across a plain background, 9 frames at 64x64.
+"""The moving-shapes world: one coloured shape sliding across a plain background, 9 frames at 64x64
+(shapes-wan), or any canvas of `Canvas` (shapes-wan v2: 64x64 x 9 frames and 96x64 x 13 frames).
 
 The built-in video model (assets/shapes-wan) is trained on this world only, so its captions,
 vocabulary, renderer and held-out split live here. A caption reads
@@ -8,7 +9,8 @@ vocabulary, renderer and held-out split live here. A caption reads
 Shapes and colours come from the still-image world (`tools/shapes_world.py`): the same palette,
 the same three outlines and the same anti-aliased drawing. What is new is time: the shape moves
 TRAVEL_PIXELS along one axis over the clip, at a constant speed, starting on the opposite side
-of the middle so that the clip is centred.
+of the middle so that the clip is centred. On a longer clip it keeps that speed (3 px per frame)
+as far as the canvas leaves room.
 
 Some (colour, shape, background, direction) combinations are held out: the trainer never sees
 them, the evaluator reports on them ("prompts the trainer never saw"). Every single attribute
@@ -42,6 +44,30 @@ POSITION_JITTER_PIXELS = 2.0  # of the whole track, along and across the motion
 FILLER_WORDS: tuple[str, ...] = ("a", "an", "moving", "on", "background")
 
 _SUPERSAMPLE = 4  # draw at 4x then downsample, for anti-aliased edges
+_EDGE_ROOM_PIXELS = 6.0  # what a track leaves free at the canvas edges, beyond the shape itself
+
+
+@dataclass(frozen=True)
+class Canvas:
+    """A clip's frame size and length. Wan needs 4k+1 frames (this VAE: 2k+1) and sides in 16s."""
+
+    width: int = FRAME_SIZE
+    height: int = FRAME_SIZE
+    frames: int = NUM_FRAMES
+
+    @property
+    def name(self) -> str:
+        return f"{self.width}x{self.height}x{self.frames}"
+
+    def travel(self, direction: str) -> float:
+        """First frame to last: TRAVEL_PIXELS' speed over the clip, within the room the axis leaves."""
+        length = self.width if DIRECTION_VECTORS[direction][0] else self.height
+        speed = TRAVEL_PIXELS / (NUM_FRAMES - 1)
+        return min(speed * (self.frames - 1), length - SHAPE_PIXELS - _EDGE_ROOM_PIXELS)
+
+
+V1_CANVAS = Canvas()
+V2_CANVASES: tuple[Canvas, ...] = (V1_CANVAS, Canvas(96, 64, 13))
 
 
 @dataclass(frozen=True)
@@ -102,10 +128,11 @@ def training_specs() -> list[MotionSpec]:
 _TRAINING_SPECS: tuple[MotionSpec, ...] = tuple(training_specs())
 
 
-def track(spec: MotionSpec, rng: np.random.Generator | None = None) -> tuple[float, list[tuple[float, float]]]:
+def track(spec: MotionSpec, rng: np.random.Generator | None = None,
+          canvas: Canvas = V1_CANVAS) -> tuple[float, list[tuple[float, float]]]:
     """(side, centres): the shape's bounding-box side and its (x, y) centre in every frame.
     With `rng` the size, the travel and the whole track are jittered slightly."""
-    side, travel = SHAPE_PIXELS, TRAVEL_PIXELS
+    side, travel = SHAPE_PIXELS, canvas.travel(spec.direction)
     along, across = 0.0, 0.0
     if rng is not None:
         side += rng.uniform(-SIZE_JITTER_PIXELS, SIZE_JITTER_PIXELS)
@@ -113,26 +140,26 @@ def track(spec: MotionSpec, rng: np.random.Generator | None = None) -> tuple[flo
         along = rng.uniform(-POSITION_JITTER_PIXELS, POSITION_JITTER_PIXELS)
         across = rng.uniform(-POSITION_JITTER_PIXELS, POSITION_JITTER_PIXELS)
     dx, dy = DIRECTION_VECTORS[spec.direction]
-    middle = FRAME_SIZE / 2.0
+    middle_x, middle_y = canvas.width / 2.0, canvas.height / 2.0
     centres = []
-    for frame in range(NUM_FRAMES):
-        distance = travel * (frame / (NUM_FRAMES - 1) - 0.5) + along  # -travel/2 .. +travel/2
+    for frame in range(canvas.frames):
+        distance = travel * (frame / (canvas.frames - 1) - 0.5) + along  # -travel/2 .. +travel/2
         # `across` shifts the track sideways: along y for horizontal motion, along x for vertical.
-        centres.append((middle + dx * distance + abs(dy) * across, middle + dy * distance + abs(dx) * across))
+        centres.append((middle_x + dx * distance + abs(dy) * across, middle_y + dy * distance + abs(dx) * across))
     return side, centres
 
 
-def render(spec: MotionSpec, rng: np.random.Generator | None = None) -> list[Image.Image]:
-    """Draw `spec` as NUM_FRAMES RGB frames of FRAME_SIZE x FRAME_SIZE; `rng` adds jitter."""
-    side, centres = track(spec, rng)
+def render(spec: MotionSpec, rng: np.random.Generator | None = None, canvas: Canvas = V1_CANVAS) -> list[Image.Image]:
+    """Draw `spec` as the canvas' RGB frames (default 9 of 64x64); `rng` adds jitter."""
+    side, centres = track(spec, rng, canvas)
     half = side / 2.0
     frames = []
     for cx, cy in centres:
-        big = FRAME_SIZE * _SUPERSAMPLE
-        image = Image.new("RGB", (big, big), PALETTE[spec.background])
+        big = (canvas.width * _SUPERSAMPLE, canvas.height * _SUPERSAMPLE)
+        image = Image.new("RGB", big, PALETTE[spec.background])
         box = tuple(v * _SUPERSAMPLE for v in (cx - half, cy - half, cx + half, cy + half))
         draw_shape(ImageDraw.Draw(image), spec.shape, box, PALETTE[spec.color])
-        frames.append(image.resize((FRAME_SIZE, FRAME_SIZE), Image.Resampling.BOX))
+        frames.append(image.resize((canvas.width, canvas.height), Image.Resampling.BOX))
     return frames
 
 
