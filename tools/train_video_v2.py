@@ -190,7 +190,7 @@ def export(args) -> None:
     models.transformer.save_pretrained(args.out / "transformer", safe_serialization=True)
     models.text_encoder.save_pretrained(args.out / "text_encoder", safe_serialization=True)
     card = json.loads((args.init_from / "stepstudio.json").read_text())
-    card.pop("step_cache", None)  # v1's threshold was measured on v1; v2 serves uncached until measured
+    card["step_cache"] = args.step_cache  # measured on v2 at both canvases (assets/shapes-wan-v2/README.md)
     card["sizes"] = [f"{c.width}x{c.height}" for c in V2_CANVASES]
     card["frame_counts"] = sorted({c.frames for c in V2_CANVASES})
     card["training"] = {
@@ -229,6 +229,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--snapshot-every", type=int, default=0, help="keep a copy of the weights every N steps")
     parser.add_argument("--export-checkpoint", type=Path, default=None, help="default: <work-dir>/transformer.pt")
     parser.add_argument("--export-raw", action="store_true", help="export the raw weights instead of the EMA")
+    parser.add_argument("--step-cache", type=float, default=0.1,
+                        help="the serving step-caching threshold written to stepstudio.json (0: off)")
     return parser.parse_args(argv)
 
 
