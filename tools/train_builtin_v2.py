@@ -49,7 +49,7 @@ from tools.shapes_world_v2 import (
     vocabulary,
 )
 from tools.train_builtin import TextModels, image_ids, pack_latents, to_tensor, tokenize_all, vae_loss
-from tools.training_loop import cosine_lr, ema_update, log, progress_fraction, save_atomically
+from tools.training_loop import cosine_lr, ema_update, log, progress_fraction, resume, save_atomically
 
 STAGES = ("vae", "latents", "transformer", "export")
 CANVASES: tuple[tuple[int, int], ...] = tuple((w, h) for w in CANVAS_SIDES for h in CANVAS_SIDES)
@@ -236,15 +236,10 @@ def train_transformer(args) -> None:
     state = {"step": 0, "elapsed": 0.0, "done": False, "loss_avg": None}
     generator = torch.Generator().manual_seed(args.seed)
     rng = np.random.default_rng([args.seed, 3])
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=False)
-        modules.load_state_dict(saved["model"])
-        ema.load_state_dict(saved["ema"])
-        optimizer.load_state_dict(saved["optimizer"])
-        generator.set_state(saved["generator"])
-        rng = np.random.default_rng([args.seed, 3, saved["state"]["step"]])
-        state = saved["state"]
-        log(f"transformer: resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min done)")
+    resumed = resume(checkpoint, "transformer", modules, optimizer, ema, generator)
+    if resumed is not None:
+        rng = np.random.default_rng([args.seed, 3, resumed["step"]])
+        state = resumed
     if state["done"] and progress_fraction(state["step"], args.steps, state["elapsed"], args.max_minutes) >= 1.0:
         log("transformer: already trained")
         return

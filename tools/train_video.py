@@ -57,6 +57,7 @@ from tools.training_loop import (
     ema_update,
     log,
     progress_fraction,
+    resume,
     save_atomically,
 )
 from tools.video_components import (
@@ -325,14 +326,9 @@ def train_transformer(args) -> None:
     state = {"step": 0, "elapsed": 0.0, "done": False, "loss_avg": None}
     state["fractions"] = []  # the schedule's progress at every step, for --replay-schedule
     generator = torch.Generator().manual_seed(args.seed)
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=False)
-        models.load_state_dict(saved["model"])
-        ema.load_state_dict(saved["ema"])
-        optimizer.load_state_dict(saved["optimizer"])
-        generator.set_state(saved["generator"])
-        state = saved["state"]
-        log(f"{args.run_name}: resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min done)")
+    resumed = resume(checkpoint, args.run_name, models, optimizer, ema, generator)
+    if resumed is not None:
+        state = resumed
     elif args.init_from is not None:
         initial = torch.load(args.init_from, weights_only=False)
         models.load_state_dict(initial["model"])

@@ -36,7 +36,7 @@ import torch
 
 from tools.moving_shapes_world import V2_CANVASES, Canvas, caption, held_out_specs, render, training_specs
 from tools.train_video import flow_matching_loss, to_video_tensor, tokenize
-from tools.training_loop import cosine_lr, ema_update, log, progress_fraction, save_atomically
+from tools.training_loop import ema_update, log, resume, save_atomically, scheduled_lr
 from tools.video_components import build_tokenizer
 
 STAGES = ("ceiling", "latents", "transformer", "export")
@@ -122,16 +122,9 @@ def train_transformer(args) -> None:
     models = VideoModels(args.init_from)
     ema = copy.deepcopy(models).requires_grad_(False)
     optimizer = torch.optim.AdamW(models.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.99))
-    state = {"step": 0, "elapsed": 0.0, "done": False, "loss_avg": None}
     generator = torch.Generator().manual_seed(args.seed)
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=False)
-        models.load_state_dict(saved["model"])
-        ema.load_state_dict(saved["ema"])
-        optimizer.load_state_dict(saved["optimizer"])
-        generator.set_state(saved["generator"])
-        state = saved["state"]
-        log(f"transformer: resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min done)")
+    state = resume(checkpoint, "transformer", models, optimizer, ema, generator) or {
+        "step": 0, "elapsed": 0.0, "done": False, "loss_avg": None}
     if state["done"]:
         log("transformer: already trained")
         return
@@ -144,14 +137,9 @@ def train_transformer(args) -> None:
     started = time.time() - state["elapsed"]
     last_save = time.time()
     models.train()
-    while True:
+    while (lr := scheduled_lr(optimizer, args.lr, state["step"], time.time() - started, args.steps, args.max_minutes,
+                              args.warmup)) is not None:
         step = state["step"]
-        fraction = progress_fraction(step, args.steps, time.time() - started, args.max_minutes)
-        if fraction >= 1.0:
-            break
-        lr = cosine_lr(args.lr, fraction, step, warmup=args.warmup)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
         loss = sum(
             flow_matching_loss(models, data[canvas], args.batch, None, generator, args, *stats)
             + flow_matching_loss(models, data[canvas], args.image_batch, 1, generator, args, *stats)

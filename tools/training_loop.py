@@ -1,4 +1,4 @@
-"""Pieces both trainers (tools/train_builtin.py, tools/train_video.py) share: logging,
+"""Pieces the trainers (tools/train_*.py) share: logging,
 checkpoints that survive a kill, the time-or-steps schedule and the EMA."""
 
 from __future__ import annotations
@@ -32,6 +32,24 @@ def progress_fraction(step: int, steps: int, elapsed: float, max_minutes: float)
 def cosine_lr(base_lr: float, fraction: float, step: int, warmup: int, floor: float = 0.05) -> float:
     warm = min(1.0, (step + 1) / warmup)
     return base_lr * warm * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * fraction)))
+
+
+def resume(checkpoint: Path, name: str, model: torch.nn.Module, optimizer, ema: torch.nn.Module | None = None,
+           generator: torch.Generator | None = None) -> dict | None:
+    """A killed run's state (its weights, EMA, optimizer and generator restored in place) when its
+    checkpoint exists; None for a fresh run."""
+    if not checkpoint.exists():
+        return None
+    saved = torch.load(checkpoint, weights_only=False)
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    if ema is not None:
+        ema.load_state_dict(saved["ema"])
+    if generator is not None:
+        generator.set_state(saved["generator"])
+    state = saved["state"]
+    log(f"{name}: resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min done)")
+    return state
 
 
 def ema_update(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
