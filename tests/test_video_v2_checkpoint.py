@@ -18,17 +18,12 @@ from tools.evaluate_video import evaluate_videos, evaluation_prompts, generate
 from tools.evaluate_video import load_pipeline as stock_pipeline
 from tools.moving_shapes_world import V2_CANVASES, is_held_out, parse_caption
 
+from tests.test_video_checkpoint import PROMPTS  # held out: one per direction, every shape
+
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 MODEL_DIR = ASSETS / "shapes-wan-v2"
 pytestmark = pytest.mark.skipif(not (MODEL_DIR / "model_index.json").is_file(), reason="assets/shapes-wan-v2 not exported")
 
-# Held-out prompts (never seen in training), one per direction, every shape.
-PROMPTS = [
-    "a red circle moving right on an orange background",
-    "a black triangle moving left on a yellow background",
-    "a blue square moving up on a yellow background",
-    "a purple circle moving down on a yellow background",
-]
 
 
 @pytest.fixture(scope="module")

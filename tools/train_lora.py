@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from tools.builtin_components import TEXT_LENGTH
 from tools.shapes_world import OUTLINE_THICKNESS_PIXELS, ShapeSpec, all_specs, caption, example_specs, render_outline
 from tools.train_builtin import image_ids, pack_latents, sample_sigmas, to_tensor, tokenize_all
-from tools.training_loop import log, scheduled_lr
+from tools.training_loop import log, optimizer_step, scheduled_lr
 
 DEFAULT_MODEL = Path("assets/shapes-flux")
 DEFAULT_OUT = Path("assets/loras/shapes-flux/outline.safetensors")
@@ -142,13 +142,6 @@ def with_adapter(transformer, args) -> list:
     log(f"lora: rank {args.rank}, alpha {args.alpha}, {sum(p.numel() for p in parameters):,} parameters "
         f"in {len(parameters) // 2} layers")
     return parameters
-
-
-def optimizer_step(loss: torch.Tensor, optimizer, parameters: list) -> None:
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-    optimizer.step()
 
 
 def log_step(step: int, loss: float, loss_avg: float, lr: float, started: float) -> None:

@@ -42,12 +42,11 @@ from tools.train_lora import (
     finish,
     frozen_pipeline,
     log_step,
-    optimizer_step,
     run,
     shared_arguments,
     with_adapter,
 )
-from tools.training_loop import log, scheduled_lr
+from tools.training_loop import log, optimizer_step, scheduled_lr
 
 DEFAULT_MODEL = Path("assets/shapes-flux-v2")
 DEFAULT_OUT = Path("assets/loras/shapes-flux-v2/outline.safetensors")

@@ -56,6 +56,7 @@ from tools.training_loop import (
     cosine_lr,
     ema_update,
     log,
+    optimizer_step,
     progress_fraction,
     resume,
     save_atomically,
@@ -371,10 +372,7 @@ def train_transformer(args) -> None:
         if args.image_batch:  # first frames as one-frame videos
             loss = loss + flow_matching_loss(models, data, args.image_batch, 1, generator, args,
                                              *captions_and_latent_stats)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(models.parameters(), 1.0)
-        optimizer.step()
+        optimizer_step(loss, optimizer, models.parameters())
         ema_update(ema, models, min(args.ema_decay, (1 + step) / (10 + step)))
         state["step"] = step + 1
         state["elapsed"] = time.time() - started

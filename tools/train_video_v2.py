@@ -36,7 +36,7 @@ import torch
 
 from tools.moving_shapes_world import V2_CANVASES, Canvas, caption, held_out_specs, render, training_specs
 from tools.train_video import flow_matching_loss, to_video_tensor, tokenize
-from tools.training_loop import ema_update, log, resume, save_atomically, scheduled_lr
+from tools.training_loop import ema_update, log, optimizer_step, resume, save_atomically, scheduled_lr
 from tools.video_components import build_tokenizer
 
 STAGES = ("ceiling", "latents", "transformer", "export")
@@ -145,10 +145,7 @@ def train_transformer(args) -> None:
             + flow_matching_loss(models, data[canvas], args.image_batch, 1, generator, args, *stats)
             for canvas in V2_CANVASES
         ) / len(V2_CANVASES)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(models.parameters(), 1.0)
-        optimizer.step()
+        optimizer_step(loss, optimizer, models.parameters())
         ema_update(ema, models, min(args.ema_decay, (1 + step) / (10 + step)))
         state["step"] = step + 1
         state["elapsed"] = time.time() - started

@@ -52,6 +52,14 @@ def resume(checkpoint: Path, name: str, model: torch.nn.Module, optimizer, ema: 
     return state
 
 
+def optimizer_step(loss: torch.Tensor, optimizer, parameters) -> None:
+    """Backward, gradients clipped to norm 1, one optimizer step."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+    optimizer.step()
+
+
 def ema_update(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
     with torch.no_grad():
         for ema_param, param in zip(ema.parameters(), model.parameters()):
