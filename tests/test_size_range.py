@@ -58,3 +58,13 @@ def test_a_bad_size_range_in_stepstudio_json_is_refused(tmp_path, value):
 def test_size_range_is_read_from_stepstudio_json(tmp_path):
     (tmp_path / "stepstudio.json").write_text(json.dumps({"size_range": [48, 128]}))
     assert read_studio_config(tmp_path).size_range == (48, 128)
+
+
+def test_the_server_size_limit_takes_the_largest_of_the_card_s_sizes():
+    from engine.limits import ServingLimits
+
+    pipeline = ToyPipeline()
+    info = replace(pipeline.info, supported_sizes=((64, 64), (96, 64)))
+    assert (info.defaults.width, info.defaults.height) == (64, 64)
+    assert ServingLimits().resolved_for(info).max_size == 96  # not the default size's 64
+    assert ServingLimits().resolved_for(pipeline.info).max_size == 64
