@@ -28,17 +28,17 @@ import torch  # noqa: E402
 
 from benchmarks.mixed_sizes import _mean_batch, engine_system, figures, pixel_gap, run_closed_loop  # noqa: E402
 from benchmarks.workload import WorkItem, Workload, moving_shape_prompts  # noqa: E402
+from tools.evaluate_video import parse_canvas  # noqa: E402
+from tools.moving_shapes_world import V2_CANVASES, Canvas  # noqa: E402
 
-DEFAULT_CANVASES = ("64x64x9", "96x64x13")
 
-
-def video_workload(canvases: list[tuple[int, int, int]], requests: int, users: int, steps: int, seed: int) -> Workload:
+def video_workload(canvases: list[Canvas], requests: int, users: int, steps: int, seed: int) -> Workload:
     """Held-out moving-shape prompts, the canvases taking turns request by request."""
     prompts = moving_shape_prompts(requests, seed)
     items = tuple(
-        WorkItem(index=i, user=i % users, arrival_s=0.0, prompt=prompts[i], steps=steps, size=width, seed=seed + i,
-                 cancel_after_step=None, frames=frames, height=height)
-        for i, (width, height, frames) in enumerate(canvases[i % len(canvases)] for i in range(requests))
+        WorkItem(index=i, user=i % users, arrival_s=0.0, prompt=prompts[i], steps=steps, size=canvas.width,
+                 seed=seed + i, cancel_after_step=None, frames=canvas.frames, height=canvas.height)
+        for i, canvas in enumerate(canvases[i % len(canvases)] for i in range(requests))
     )
     return Workload("closed", users, 1.0, items)
 
@@ -46,7 +46,8 @@ def video_workload(canvases: list[tuple[int, int, int]], requests: int, users: i
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="builtin-video-v2")
-    parser.add_argument("--canvases", default=",".join(DEFAULT_CANVASES), help="comma-separated WIDTHxHEIGHTxFRAMES")
+    parser.add_argument("--canvases", default=",".join(canvas.name for canvas in V2_CANVASES),
+                        help="comma-separated WIDTHxHEIGHTxFRAMES")
     parser.add_argument("--users", type=int, default=8)
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--steps", type=int, default=20)
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from pipelines.loader import load_pipeline
 
-    canvases = [tuple(int(v) for v in text.lower().split("x")) for text in args.canvases.split(",")]
+    canvases = [parse_canvas(text) for text in args.canvases.split(",")]
     workload = video_workload(canvases, args.requests, args.users, args.steps, args.seed)
     pipeline = load_pipeline(args.model)
     if not getattr(pipeline, "packs", False):

@@ -207,14 +207,14 @@ def contact_sheet(prompts: list[str], clips: list) -> Image.Image:
     prompt and the evaluator's verdict. Clips may differ in size and length."""
     from PIL import ImageDraw, ImageFont
 
-    sizes = [as_frame_arrays(clip)[0].shape[:2] for clip in clips]
-    tile_width, tile_height = 2 * max(w for _, w in sizes), 2 * max(h for h, _ in sizes)
+    clip_arrays = [as_frame_arrays(clip) for clip in clips]
+    tile_width = 2 * max(arrays[0].shape[1] for arrays in clip_arrays)
+    tile_height = 2 * max(arrays[0].shape[0] for arrays in clip_arrays)
     text_width, row_height = 300, tile_height + 8
     sheet = Image.new("RGB", (3 * (tile_width + 4) + text_width, len(clips) * row_height), "white")
     draw = ImageDraw.Draw(sheet)
     font = ImageFont.load_default()
-    for row, (prompt, clip) in enumerate(zip(prompts, clips)):
-        arrays = as_frame_arrays(clip)
+    for row, (prompt, clip, arrays) in enumerate(zip(prompts, clips, clip_arrays)):
         y = row * row_height + 4
         for column, index in enumerate((0, len(arrays) // 2, len(arrays) - 1)):
             image = Image.fromarray(arrays[index].round().clip(0, 255).astype(np.uint8))

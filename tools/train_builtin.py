@@ -56,7 +56,9 @@ from tools.training_loop import (
     cosine_lr,
     ema_update,
     log,
+    optimizer_step,
     progress_fraction,
+    resume,
     save_atomically,
 )
 
@@ -89,13 +91,7 @@ def train_vae(args) -> None:
     torch.manual_seed(args.seed)
     vae = build_vae()
     optimizer = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
-    state = {"step": 0, "elapsed": 0.0, "done": False}
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=False)
-        vae.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        state = saved["state"]
-        log(f"vae: resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min done)")
+    state = resume(checkpoint, "vae", vae, optimizer) or {"step": 0, "elapsed": 0.0, "done": False}
     if state["done"]:
         log("vae: already trained")
         return
@@ -113,10 +109,7 @@ def train_vae(args) -> None:
         specs = [random_spec(rng) for _ in range(args.vae_batch)]
         images = to_tensor([render(spec, rng) for spec in specs])
         loss, parts = vae_loss(vae, images, args.kl_weight)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
-        optimizer.step()
+        optimizer_step(loss, optimizer, vae.parameters())
         state["step"] = step + 1
         state["elapsed"] = time.time() - started
         if step % 50 == 0:
@@ -235,16 +228,9 @@ def train_transformer(args) -> None:
     modules = torch.nn.ModuleDict({"transformer": transformer, "text": text_models})
     ema = copy.deepcopy(modules).requires_grad_(False)
     optimizer = torch.optim.AdamW(modules.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.99))
-    state = {"step": 0, "elapsed": 0.0, "done": False, "loss_avg": None}
     generator = torch.Generator().manual_seed(args.seed)
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=False)
-        modules.load_state_dict(saved["model"])
-        ema.load_state_dict(saved["ema"])
-        optimizer.load_state_dict(saved["optimizer"])
-        generator.set_state(saved["generator"])
-        state = saved["state"]
-        log(f"transformer: resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min done)")
+    state = resume(checkpoint, "transformer", modules, optimizer, ema, generator) or {
+        "step": 0, "elapsed": 0.0, "done": False, "loss_avg": None}
     if state["done"]:
         log("transformer: already trained")
         return
@@ -299,10 +285,7 @@ def train_transformer(args) -> None:
             return_dict=False,
         )[0]
         loss = F.mse_loss(velocity, noise - x0)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(modules.parameters(), 1.0)
-        optimizer.step()
+        optimizer_step(loss, optimizer, modules.parameters())
         ema_update(ema, modules, min(args.ema_decay, (1 + step) / (10 + step)))
         state["step"] = step + 1
         state["elapsed"] = time.time() - started

@@ -49,7 +49,8 @@ from tools.shapes_world_v2 import (
     vocabulary,
 )
 from tools.train_builtin import TextModels, image_ids, pack_latents, to_tensor, tokenize_all, vae_loss
-from tools.training_loop import cosine_lr, ema_update, log, progress_fraction, resume, save_atomically
+from tools.training_loop import (cosine_lr, ema_update, log, optimizer_step, progress_fraction, resume,
+                                 save_atomically)
 
 STAGES = ("vae", "latents", "transformer", "export")
 CANVASES: tuple[tuple[int, int], ...] = tuple((w, h) for w in CANVAS_SIDES for h in CANVAS_SIDES)
@@ -75,13 +76,7 @@ def train_vae(args) -> None:
     torch.manual_seed(args.seed)
     vae = build_vae()
     optimizer = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
-    state = {"step": 0, "elapsed": 0.0, "done": False}
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=False)
-        vae.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        state = saved["state"]
-        log(f"vae: resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min done)")
+    state = resume(checkpoint, "vae", vae, optimizer) or {"step": 0, "elapsed": 0.0, "done": False}
     if state["done"]:
         log("vae: already trained")
         return
@@ -99,10 +94,7 @@ def train_vae(args) -> None:
         width, height = random_canvas(rng)
         images = to_tensor([render(random_scene(rng, width, height)) for _ in range(args.vae_batch)])
         loss, parts = vae_loss(vae, images, args.kl_weight)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
-        optimizer.step()
+        optimizer_step(loss, optimizer, vae.parameters())
         state["step"] = step + 1
         state["elapsed"] = time.time() - started
         if step % 50 == 0:
@@ -289,10 +281,7 @@ def train_transformer(args) -> None:
                                img_ids=image_ids(height // 4, width // 4), return_dict=False)[0]
         # The velocity whose Euler step to sigma 0 lands on x0: noise - x0 on plain rows.
         loss = F.mse_loss(velocity, (x_t - x0) / sigma[:, None, None])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(modules.parameters(), 1.0)
-        optimizer.step()
+        optimizer_step(loss, optimizer, modules.parameters())
         ema_update(ema, modules, min(args.ema_decay, (1 + step) / (10 + step)))
         state["step"] = step + 1
         state["elapsed"] = time.time() - started

@@ -125,13 +125,7 @@ def train_vae(args) -> None:
     torch.manual_seed(args.seed)
     vae = build_vae()
     optimizer = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
-    state = {"step": 0, "elapsed": 0.0, "done": False}
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=False)
-        vae.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        state = saved["state"]
-        log(f"vae: resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min done)")
+    state = resume(checkpoint, "vae", vae, optimizer) or {"step": 0, "elapsed": 0.0, "done": False}
     if state["done"]:
         log("vae: already trained")
         return
@@ -149,10 +143,7 @@ def train_vae(args) -> None:
         rng = np.random.default_rng([args.seed, step])  # per step: a resumed run draws the same clips
         clips = to_video_tensor([render(random_spec(rng, specs), rng) for _ in range(args.vae_batch)])
         loss, parts = vae_loss(vae, clips, args.kl_weight)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
-        optimizer.step()
+        optimizer_step(loss, optimizer, vae.parameters())
         state["step"] = step + 1
         state["elapsed"] = time.time() - started
         if step % 25 == 0:
