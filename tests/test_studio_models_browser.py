@@ -1,6 +1,6 @@
-"""One studio, two models, in a real Chromium: the model picker reshapes the Simple form (the
-built-in model's card allows 64x64 only, the toy model any multiple of 8), and a request made
-with each model runs on it."""
+"""One studio, three models, in a real Chromium: the model picker reshapes the Simple form (the
+built-in model's card allows 64x64 only, the toy model any multiple of 8, the built-in video model
+v2 two sizes and two lengths), and a request made with each model runs on it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pipelines.loader import load_pipeline
 from pipelines.toy import ToyPipeline
 from tests.browser_helpers import BROWSER_MARKS, browser, shot, sync_api  # noqa: F401 (browser: a fixture)
 from tests.studio_helpers import live_studio
+from tests.test_http_videos import Instrumented
 
 pytestmark = BROWSER_MARKS
 
@@ -19,8 +20,14 @@ pytestmark = BROWSER_MARKS
 def studio():
     toy = ToyPipeline(step_delay_s=0.02, defaults=ModelDefaults(width=64, height=64, num_inference_steps=6,
                                                                  guidance_scale=1.0))
-    with live_studio([load_pipeline("builtin"), toy], preview_every=2) as (server, engine):
-        yield server, engine
+    video = Instrumented(load_pipeline("builtin-video-v2"))
+    video.shapes = []  # (width, height, frames) of each forward's rows
+
+    def record(index, batch):
+        video.shapes.append([(s.params.width, s.params.height, s.params.num_frames) for s in batch.states])
+    video.on_forward = record
+    with live_studio([load_pipeline("builtin"), toy, video], preview_every=2) as (server, engine):
+        yield server, engine, video
 
 
 def visible(page, selector: str) -> bool:
@@ -28,7 +35,7 @@ def visible(page, selector: str) -> bool:
 
 
 def test_the_model_picker_reshapes_the_form_and_each_model_serves_its_requests(studio, browser):
-    server, engine = studio
+    server, engine, _ = studio
     page = browser.new_context(viewport={"width": 1400, "height": 1100}).new_page()
     try:
         page.goto(server.url)
@@ -56,5 +63,39 @@ def test_the_model_picker_reshapes_the_form_and_each_model_serves_its_requests(s
         table = page.inner_text("#ss-queue")
         assert "model" in table
         assert engine.snapshot().stats.completed_by_model == {"shapes-flux": 1, "toy": 1}
+    finally:
+        page.context.close()
+
+
+def pick(page, dropdown: str, option: str) -> None:
+    page.click(f"{dropdown} input")
+    page.get_by_role("option", name=option, exact=True).click()
+
+
+def test_a_video_card_s_lengths_are_a_pick_list_and_the_picked_length_and_size_are_made(studio, browser):
+    server, engine, video = studio
+    page = browser.new_context(viewport={"width": 1400, "height": 1100}).new_page()
+    try:
+        page.goto(server.url)
+        page.get_by_role("tab", name="Simple").click()
+        page.wait_for_selector("#ss-generate")
+        assert not visible(page, "#ss-frame-choice")  # an image model: no frames at all
+        pick(page, "#ss-model", "shapes-wan-v2")
+        # The card names its lengths (9, 13) and sizes: two dropdowns, no number field, no sliders.
+        page.wait_for_selector("#ss-frame-choice", state="visible")
+        assert not visible(page, "#ss-frames") and not visible(page, "#ss-width")
+        assert page.input_value("#ss-frame-choice input") == "9" and page.input_value("#ss-size input") == "64x64"
+        page.click("#ss-frame-choice input")
+        offered = page.get_by_role("option").all_inner_texts()
+        assert [text.replace("✓", "").strip() for text in offered] == ["9", "13"], offered  # ✓: the picked one
+        page.get_by_role("option", name="13", exact=True).click()
+        pick(page, "#ss-size", "96x64")
+        page.fill("#ss-steps input[type=number]", "2")
+        page.press("#ss-steps input[type=number]", "Enter")
+        page.fill("#ss-prompt textarea", "a red circle moving right on an orange background")
+        page.click("#ss-generate")
+        page.wait_for_selector("#ss-result-video video[src]", timeout=120_000)
+        shot(page, "studio-video-card-lengths")
+        assert video.shapes == [[(96, 64, 13)]] * 2
     finally:
         page.context.close()

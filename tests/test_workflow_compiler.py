@@ -476,3 +476,17 @@ def test_a_frame_count_above_the_servers_cap_is_shown_at_its_node_before_anythin
                      [TO_SAMPLER, link("f", "frames", "s", "frames")], limits=video_limits)
     assert [(f[0], f[1]) for f in found] == [("f", "frames")]
     assert "num_frames=17" in found[0][2] and "9" in found[0][2]
+
+
+def test_a_video_model_that_names_its_lengths_refuses_the_others_at_the_frames_node():
+    video_limits = WorkflowLimits((ModelLimits(name="shapes-wan-v2", max_size=96, size_multiple=16,
+                                               uses_negative_prompt=False, makes_video=True, frame_counts=(9, 13)),))
+    found = problems([PROMPT, SAMPLER, node("f", "frames", frames=17)],
+                     [TO_SAMPLER, link("f", "frames", "s", "frames")], limits=video_limits)
+    assert found == [("f", "frames", "num_frames=17 is not a length shapes-wan-v2 makes: allowed are 9, 13.")]
+    swept = problems([PROMPT, SAMPLER, node("w", "sweep", param="frames", values="9, 13, 5")],
+                     [TO_SAMPLER, link("w", "values", "s", "frames")], limits=video_limits)
+    assert swept == [("w", "values", "num_frames=5 is not a length shapes-wan-v2 makes: allowed are 9, 13.")]
+    made = compiled([PROMPT, SAMPLER, node("f", "frames", frames=13)],
+                    [TO_SAMPLER, link("f", "frames", "s", "frames")], limits=video_limits)
+    assert [branch.params.num_frames for branch in made.branches] == [13]

@@ -65,6 +65,7 @@ class SimpleForm:
     guidance_scale: gr.Slider
     scheduler: gr.Dropdown
     frames: gr.Number
+    frame_choice: gr.Dropdown  # shown instead of frames when the model's card names its lengths
     batch_count: gr.Slider
     random_seed: gr.Checkbox
     seed: gr.Number
@@ -80,7 +81,7 @@ class SimpleForm:
     def settings_outputs(self) -> list:
         """The fields "use these settings again" fills in, in `settings_update`'s order."""
         return [self.model, self.prompt, self.negative_prompt, self.size, self.width, self.height, self.steps,
-                self.guidance_scale, self.scheduler, self.frames, self.random_seed, self.seed]
+                self.guidance_scale, self.scheduler, self.frames, self.frame_choice, self.random_seed, self.seed]
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ class ModelForm:
     strength: float = 0.6  # image to image's default strength (the model's)
     loras: tuple[str, ...] = ()  # the LoRA adapters loaded for the model
     example_prompts: tuple[str, ...] = ()  # the model's own card's examples (a video model's are videos)
+    frame_counts: tuple[int, ...] = ()  # the only lengths the card allows (a dropdown then replaces Frames)
 
     @property
     def default_size(self) -> str | None:
@@ -123,6 +125,13 @@ class ModelForm:
             return None
         wanted = f"{self.width}x{self.height}"
         return wanted if wanted in self.sizes else self.sizes[0]
+
+    @property
+    def default_frame_choice(self) -> str | None:
+        """The card's length closest to the model's default, as the Frames dropdown holds it."""
+        if not self.frame_counts:
+            return None
+        return str(min(self.frame_counts, key=lambda count: abs(count - (self.frames or 0))))
 
     @classmethod
     def of(cls, engine: EngineClient, model: str | None) -> ModelForm:
@@ -137,7 +146,7 @@ class ModelForm:
                    min(defaults.height, size_max), min(defaults.num_inference_steps, limits.max_steps),
                    defaults.guidance_scale, defaults.negative_prompt, info.uses_negative_prompt, tuple(info.schedulers),
                    defaults.num_frames if video else None, video, defaults.strength, tuple(info.loras),
-                   tuple(defaults.example_prompts))
+                   tuple(defaults.example_prompts), tuple(info.supported_frame_counts) if video else ())
 
     def example_samples(self) -> list[list[str]]:
         """The example prompts as the examples' Dataset holds them: one row per prompt."""
@@ -145,7 +154,7 @@ class ModelForm:
 
     def updates(self) -> list:
         """gr.update()s for (size, width, height, steps, guidance, negative prompt, scheduler, frames,
-        preview, animation, image, video, LoRA picker, example prompts) when this model is picked."""
+        frame choice, preview, animation, image, video, LoRA picker, example prompts) when this model is picked."""
         return [
             gr.update(choices=list(self.sizes), value=self.default_size, visible=bool(self.sizes)),
             gr.update(minimum=self.size_range[0], maximum=self.size_range[1], step=self.size_step, value=self.width,
@@ -157,7 +166,9 @@ class ModelForm:
             gr.update(visible=self.uses_negative_prompt, value=self.negative_prompt or ""),
             gr.update(choices=[("model default", "")] + [(s, s) for s in self.schedulers], value="",
                       visible=len(self.schedulers) > 1),
-            gr.update(visible=self.makes_video, value=self.frames),
+            gr.update(visible=self.makes_video and not self.frame_counts, value=self.frames),
+            gr.update(choices=[str(count) for count in self.frame_counts], value=self.default_frame_choice,
+                      visible=self.makes_video and bool(self.frame_counts)),
             gr.update(visible=not self.makes_video),
             gr.update(visible=self.makes_video),
             gr.update(visible=not self.makes_video),
@@ -205,8 +216,12 @@ def build_simple_tab(engine: EngineClient, config: StudioOptions) -> tuple[Simpl
                 with gr.Row():
                     scheduler = gr.Dropdown([("model default", "")] + [(s, s) for s in look.schedulers], value="",
                                             label="Scheduler", visible=len(look.schedulers) > 1, elem_id="ss-scheduler")
-                    frames = gr.Number(value=look.frames, precision=0, label="Frames", visible=look.makes_video,
-                                       elem_id="ss-frames")
+                    frames = gr.Number(value=look.frames, precision=0, label="Frames",
+                                       visible=look.makes_video and not look.frame_counts, elem_id="ss-frames")
+                    card_frames = sorted({count for name in names for count in ModelForm.of(engine, name).frame_counts})
+                    frame_choice = gr.Dropdown([str(count) for count in card_frames], value=look.default_frame_choice,
+                                               label="Frames (the model's card)", elem_id="ss-frame-choice",
+                                               visible=look.makes_video and bool(look.frame_counts))
                     batch_count = gr.Slider(1, min(MAX_BATCH_COUNT, config.max_branches), value=1, step=1,
                                             label="Batch count (seeds seed, seed+1, ...)", elem_id="ss-batch-count")
                 with gr.Row():
@@ -237,8 +252,8 @@ def build_simple_tab(engine: EngineClient, config: StudioOptions) -> tuple[Simpl
             gallery = gr.Gallery(label="This tab's results (newest first)", columns=6, rows=1, height=190,
                                  object_fit="contain", format="png", preview=False, allow_preview=True,
                                  elem_id="ss-gallery")
-    form = SimpleForm(model, prompt, negative, size, width, height, steps, guidance, scheduler, frames, batch_count,
-                      random_seed, seed, unknown, examples, generate, cancel, picture, strength, picture_panel, lora)
+    form = SimpleForm(model, prompt, negative, size, width, height, steps, guidance, scheduler, frames, frame_choice,
+                      batch_count, random_seed, seed, unknown, examples, generate, cancel, picture, strength, picture_panel, lora)
     return form, SimplePanel(queue, preview, animation, image, video, gallery, controls)
 
 
@@ -319,8 +334,10 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
         session = session_id_of(request)
         raw = {name: values[getattr(form, name)] for name in (
             "model", "prompt", "negative_prompt", "size", "width", "height", "steps", "guidance_scale", "scheduler",
-            "frames", "batch_count", "random_seed", "seed", "picture", "strength")}
+            "frames", "frame_choice", "batch_count", "random_seed", "seed", "picture", "strength")}
         look = ModelForm.of(engine, raw["model"] or None)
+        if look.frame_counts and raw["frame_choice"]:  # the card's length, not the number field
+            raw["frames"] = int(raw["frame_choice"])
         raw["frames"] = raw["frames"] if look.makes_video else None
         if look.sizes and isinstance(raw["size"], str) and "x" in raw["size"]:  # the card's size, not the sliders
             raw["width"], raw["height"] = raw["size"].split("x", 1)
@@ -363,8 +380,8 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
             raise user_error(failed[0].message, "Generation failed")
 
     inputs = {form.model, form.prompt, form.negative_prompt, form.size, form.width, form.height, form.steps,
-              form.guidance_scale, form.scheduler, form.frames, form.batch_count, form.random_seed, form.seed,
-              form.picture, form.strength, browser_token}
+              form.guidance_scale, form.scheduler, form.frames, form.frame_choice, form.batch_count, form.random_seed,
+              form.seed, form.picture, form.strength, browser_token}
     media = [panel.preview, panel.animation, panel.image, panel.video]
     outputs = [panel.queue, *media, panel.gallery, form.seed, *live.components]
     # trigger_mode="multiple": a click while earlier requests run queues more, it is not dropped.
@@ -404,5 +421,6 @@ def wire_simple_tab(runner: WorkflowRunner, results: TabResults, form: SimpleFor
 
     form.model.change(pick_model, inputs=[form.model, form.prompt],
                       outputs=[form.size, form.width, form.height, form.steps, form.guidance_scale, form.negative_prompt,
-                               form.scheduler, form.frames, *media, form.lora, form.examples, form.unknown_words],
+                               form.scheduler, form.frames, form.frame_choice, *media, form.lora, form.examples,
+                               form.unknown_words],
                       queue=False, api_name="ui_pick_model", api_visibility="private", show_progress="hidden")

@@ -91,6 +91,7 @@ def workflow_limits(engine: EngineClient, config: StudioOptions) -> WorkflowLimi
             max_steps=limits.max_steps,
             max_size=limits.max_size,
             max_frames=limits.max_frames,
+            frame_counts=tuple(info.supported_frame_counts),
             size_multiple=max(info.size_multiple, 1),
             schedulers=tuple(info.schedulers),
             uses_negative_prompt=info.uses_negative_prompt,

@@ -15,7 +15,14 @@ from engine import ServingLimits
 from pipelines.errors import ParamError
 from pipelines.lora_request import check_loaded_loras
 from pipelines.params import MAX_FRAMES_ABSOLUTE, check_field
-from pipelines.validation import check_scheduler_name, check_side, check_side_in, check_size_in, check_still_frames
+from pipelines.validation import (
+    check_frame_count_in,
+    check_scheduler_name,
+    check_side,
+    check_side_in,
+    check_size_in,
+    check_still_frames,
+)
 
 DEFAULT_MAX_BRANCHES = 64
 
@@ -36,6 +43,7 @@ class ModelLimits:
     sizes: tuple[tuple[int, int], ...] = ()  # the only sizes the model serves (empty: any multiple)
     size_range: tuple[int, int] | None = None  # its smallest and largest side (None: any multiple)
     max_frames: int = MAX_FRAMES_ABSOLUTE
+    frame_counts: tuple[int, ...] = ()  # the only lengths a video model's card allows (empty: any)
     image_inputs: tuple[str, ...] = ()  # "init_image", "mask_image": the pictures it can start from
     loras: tuple[str, ...] = ()  # the LoRA adapters loaded for it
 
@@ -64,6 +72,8 @@ class ModelLimits:
                 check_side_in(name, values[name], self.name, self.size_range, self.size_multiple)
         if "num_frames" in values and not self.makes_video:
             check_still_frames(values["num_frames"], self.name)
+        if values.get("num_frames") is not None and self.makes_video:
+            check_frame_count_in(values["num_frames"], self.name, self.frame_counts)
         if values.get("scheduler") is not None:
             check_scheduler_name("scheduler", values["scheduler"], self.schedulers)
         if "width" in values and "height" in values:
