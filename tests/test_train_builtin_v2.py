@@ -1,17 +1,20 @@
 """shapes-flux v2's trainer starts from v1: the text encoders keep v1's meaning of every word
-both vocabularies hold (token ids move once words are added), the transformer is v1's."""
+both vocabularies hold (token ids move once words are added), the transformer is v1's; a run may
+grow the transformer (--blocks) and its export is a deeper model the stock pipeline loads."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from tools.builtin_components import build_clip_tokenizer, build_t5_tokenizer, build_transformer
-from tools.shapes_world_v2 import vocabulary
-from tools.train_builtin import TextModels, tokenize_all
-from tools.train_builtin_v2 import initialize_from, latent_normalization
+from tools.shapes_world_v2 import random_scene, render, vocabulary
+from tools.train_builtin import TextModels, to_tensor, tokenize_all
+from tools.train_builtin_v2 import export, initialize_from, latent_normalization, load_vae, parse_args, train_transformer
 
 V1 = Path(__file__).resolve().parent.parent / "assets" / "shapes-flux"
 
@@ -87,3 +90,35 @@ def test_recoloured_rows_start_from_the_other_colour_and_target_the_captions():
     source, noised = recolor_sources([1], [scene, scene, scene], x0, sigma, Encoder(), 0.0, 1.0, rng, generator)
     assert torch.equal(source[[0, 2]], x0[[0, 2]]) and torch.equal(noised[[0, 2]], sigma[[0, 2]])
     assert not torch.equal(source[1], x0[1]) and 0.35 <= float(noised[1]) <= 0.95
+
+
+def test_a_grown_run_trains_and_exports_a_deeper_transformer_the_stock_pipeline_loads(tmp_path):
+    """--blocks 3 5 from v2's folder (2 + 4 blocks): two steps on two canvases, then the export."""
+    v2 = V1.parent / "shapes-flux-v2"
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    args = parse_args(["--work-dir", str(work), "--out", str(out), "--vae-from", str(V1), "--init-from", str(v2),
+                       "--blocks", "3", "5", "--steps", "2", "--max-minutes", "0", "--batch", "2", "--warmup", "1"])
+    # The latents stage encodes 121 canvases; three scenes on two canvases suffice here.
+    vae, rng, buckets = load_vae(args), np.random.default_rng(0), {}
+    for width, height in ((48, 48), (96, 64)):
+        scenes = [random_scene(rng, width, height) for _ in range(3)]
+        with torch.no_grad():
+            posterior = vae.encode(to_tensor([render(s) for s in scenes])).latent_dist
+        buckets[(width, height)] = {"mean": posterior.mean.half(), "logvar": posterior.logvar.half(),
+                                    "scenes": [(s.shape, s.color, s.background, s.side, s.cx, s.cy) for s in scenes]}
+    torch.save({"buckets": buckets, "shift": 0.0081, "scale": 0.8977}, work / "latents.pt")
+    train_transformer(args)
+    saved = torch.load(work / "transformer.pt", weights_only=False)
+    assert saved["state"]["step"] == 2 and saved["blocks"] == (3, 5)
+    export(args)
+    card = json.loads((out / "stepstudio.json").read_text())
+    assert card["training"]["blocks"] == [3, 5] and card["training"]["transformer_steps"] == 2
+
+    from diffusers import FluxPipeline
+
+    pipe = FluxPipeline.from_pretrained(out, use_safetensors=True)
+    assert (pipe.transformer.config.num_layers, pipe.transformer.config.num_single_layers) == (3, 5)
+    image = pipe("a red circle", width=96, height=64, num_inference_steps=2, max_sequence_length=16,
+                 output_type="np", generator=torch.Generator().manual_seed(0)).images
+    assert image.shape == (1, 64, 96, 3)

@@ -39,13 +39,13 @@ def build_vae() -> AutoencoderKL:
     )
 
 
-def build_transformer() -> FluxTransformer2DModel:
-    """FLUX architecture, 2 double-stream + 4 single-stream blocks, width 128 (2.3M params)."""
+def build_transformer(num_layers: int = 2, num_single_layers: int = 4) -> FluxTransformer2DModel:
+    """FLUX architecture, width 128; v1: 2 double-stream + 4 single-stream blocks (2.3M params)."""
     return FluxTransformer2DModel(
         patch_size=1,
         in_channels=LATENT_CHANNELS * 4,  # 2x2 packed latents
-        num_layers=2,
-        num_single_layers=4,
+        num_layers=num_layers,
+        num_single_layers=num_single_layers,
         attention_head_dim=32,
         num_attention_heads=4,
         joint_attention_dim=TEXT_WIDTH,

@@ -37,6 +37,7 @@ from tools.builtin_components import (
     build_transformer,
     build_vae,
 )
+from tools.grow_transformer import grow_into
 from tools.recolor_rows import recolor_sources
 from tools.shapes_world_v2 import (
     CANVAS_SIDES,
@@ -143,13 +144,27 @@ def copy_rows_by_token(new_embedding: torch.nn.Embedding, new_vocab: dict[str, i
     return copied
 
 
+def block_counts(args) -> tuple[int, int]:
+    """(double-stream, single-stream) blocks of the transformer to train: --blocks, else the
+    --init-from model's, else v1's."""
+    if args.blocks:
+        return tuple(args.blocks)
+    if args.init_from:
+        config = json.loads((args.init_from / "transformer" / "config.json").read_text())
+        return config["num_layers"], config["num_single_layers"]
+    return 2, 4
+
+
 def initialize_from(folder: Path, transformer, text_models, clip_tokenizer, t5_tokenizer) -> None:
-    """Start from a trained model folder of the same architecture (v1): the transformer as it
-    is, each text encoder with its token embeddings moved to the new vocabulary's ids."""
+    """Start from a trained model folder of the same architecture (v1): the transformer as it is
+    (grown by identity blocks when this one has more: `grow_into`), each text encoder with its token
+    embeddings moved to the new vocabulary's ids."""
     from transformers import CLIPTextModel, CLIPTokenizer, T5EncoderModel, T5Tokenizer
     from diffusers import FluxTransformer2DModel
 
-    transformer.load_state_dict(FluxTransformer2DModel.from_pretrained(folder / "transformer").state_dict())
+    grown = grow_into(transformer, FluxTransformer2DModel.from_pretrained(folder / "transformer").state_dict())
+    if grown:
+        log(f"init: transformer from {folder}, {grown} new blocks starting as the identity")
     for new_model, old_class, old_tokenizer_class, sub, new_tokenizer in (
         (text_models.clip, CLIPTextModel, CLIPTokenizer, "", clip_tokenizer),
         (text_models.t5, T5EncoderModel, T5Tokenizer, "_2", t5_tokenizer),
@@ -217,7 +232,7 @@ def train_transformer(args) -> None:
     clip_tokenizer, t5_tokenizer = build_clip_tokenizer(words), build_t5_tokenizer(words)
 
     torch.manual_seed(args.seed)
-    transformer = build_transformer()
+    transformer = build_transformer(*block_counts(args))
     text_models = TextModels(clip_tokenizer, t5_tokenizer)
     if args.init_from:
         initialize_from(args.init_from, transformer, text_models, clip_tokenizer, t5_tokenizer)
@@ -239,7 +254,8 @@ def train_transformer(args) -> None:
 
     def save(path: Path) -> None:
         save_atomically({"model": modules.state_dict(), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
-                         "generator": generator.get_state(), "state": state, "shift": shift, "scale": scale}, path)
+                         "generator": generator.get_state(), "state": state, "shift": shift, "scale": scale,
+                         "blocks": block_counts(args)}, path)
 
     txt_ids = torch.zeros(TEXT_LENGTH, 3)
     started = time.time() - state["elapsed"]
@@ -344,7 +360,7 @@ def export(args, checkpoint: Path | None = None, out: Path | None = None) -> Non
     shift, scale = saved["shift"], saved["scale"]
     words = vocabulary()
     clip_tokenizer, t5_tokenizer = build_clip_tokenizer(words), build_t5_tokenizer(words)
-    transformer = build_transformer()
+    transformer = build_transformer(*saved.get("blocks", (2, 4)))
     text_models = TextModels(clip_tokenizer, t5_tokenizer)
     modules = torch.nn.ModuleDict({"transformer": transformer, "text": text_models})
     modules.load_state_dict(saved["ema" if not args.export_raw else "model"])
@@ -372,7 +388,8 @@ def export(args, checkpoint: Path | None = None, out: Path | None = None) -> Non
         "training": {"seed": args.seed, "transformer_steps": saved["state"]["step"],
                      "transformer_minutes": round(saved["state"]["elapsed"] / 60, 1),
                      "weights": "raw" if args.export_raw else "ema",
-                     "init_from": str(args.init_from) if args.init_from else None, "recolor_rate": args.recolor_rate},
+                     "init_from": str(args.init_from) if args.init_from else None, "recolor_rate": args.recolor_rate,
+                     "blocks": list(saved.get("blocks", (2, 4)))},
     }
     (out / "stepstudio.json").write_text(json.dumps(defaults, indent=2) + "\n")
     log(f"export: wrote {out} (step {saved['state']['step']}, {'raw' if args.export_raw else 'EMA'} weights)")
@@ -392,6 +409,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--snapshot-minutes", type=float, default=30.0, help="keep a copy this often (0: never)")
     parser.add_argument("--vae-from", type=Path, default=None,
                         help="a model folder whose VAE (and its normalization) to use instead of training one")
+    parser.add_argument("--blocks", type=int, nargs=2, default=None, metavar=("DOUBLE", "SINGLE"),
+                        help="the transformer's double- and single-stream blocks (default: --init-from's, else 2 4); "
+                             "more than --init-from's grows it by blocks that start as the identity")
     parser.add_argument("--init-from", type=Path, default=None,
                         help="a model folder of the same architecture to start the transformer and text encoders from")
     parser.add_argument("--vae-steps", type=int, default=100000)
