@@ -38,12 +38,6 @@ import torch.nn.functional as F
 TokenScope = Callable[[torch.Tensor | None], ContextManager]
 
 
-# Qwen-Image's and Wan's packed rotary embeddings run in chunks of this many tokens (measured here
-# before pipelines/cpu_memory.py kept freed memory: 2,152 tokens took 2.5 ms in one piece, 0.86 ms
-# in chunks of 512; FLUX's packed forward uses diffusers' apply_rotary_emb on the whole stream).
-CHUNK_TOKENS = 512
-
-
 def no_token_scope(token_rows: torch.Tensor | None) -> ContextManager:
     return contextlib.nullcontext()
 
