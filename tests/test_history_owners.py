@@ -251,7 +251,8 @@ def test_crafted_pngs_in_the_history_tab_get_a_message_and_no_traceback(tmp_path
         # keeps every value in the form's range (the seed past 64 bits was left out: random again).
         used = page.call("ui_history_use", [None])
         assert used.get("error") is None, used
-        model, prompt, _, _, width, height, steps, guidance, _, _, random_seed, seed = used["data"][:12]
+        model, prompt, _, _, width, height, steps, guidance, _, _, frame_choice, random_seed, seed = used["data"][:13]
+        assert frame_choice is None  # the toy model names no frame counts
         assert (prompt, width, height, steps, guidance, random_seed, seed) == (
             "a huge seed", form.size_range[1], form.size_range[0], form.max_steps, GUIDANCE_RANGE[1], True, 0)
         for path, expected in ((number_workflow, "got int"), (deep_workflow, "levels deep")):
