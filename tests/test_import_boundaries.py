@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.source_trees import parse_source
+
 ROOT = Path(__file__).resolve().parent.parent
 
 _PROBE = r"""
@@ -80,7 +82,7 @@ def private_names_used(source: str) -> list[str]:
     """Private names a module takes from others: `from x import _y`, and `obj._y` on anything
     but its own `self` / `cls`."""
     used = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse_source(source)):
         if isinstance(node, ast.ImportFrom):
             used += [f"from {node.module} import {alias.name}" for alias in node.names if alias.name.startswith("_")]
         elif isinstance(node, ast.Attribute) and _is_private(node.attr):
@@ -95,7 +97,7 @@ def _is_private(name: str) -> bool:
 
 def imported_modules(source: str) -> set[str]:
     modules = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse_source(source)):
         if isinstance(node, ast.Import):
             modules |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0:

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.source_trees import parse_source
+
 ROOT = Path(__file__).resolve().parent.parent
 STUDIO = ROOT / "studio"
 
@@ -27,7 +29,7 @@ MODULES = {_module_name(path): path for path in sorted(STUDIO.rglob("*.py"))}
 
 
 def _trees() -> dict[str, ast.Module]:
-    return {name: ast.parse(path.read_text(), filename=str(path)) for name, path in MODULES.items()}
+    return {name: parse_source(path.read_text(), filename=str(path)) for name, path in MODULES.items()}
 
 
 def _studio_module(dotted: str) -> str | None:

@@ -87,7 +87,7 @@ def test_a_video_card_s_lengths_are_a_pick_list_and_the_picked_length_and_size_a
     assert not visible(page, "#ss-frames") and not visible(page, "#ss-width")
     assert page.input_value("#ss-frame-choice input") == "9" and page.input_value("#ss-size input") == "64x64"
     page.click("#ss-frame-choice input")
-    offered = page.get_by_role("option").all_inner_texts()
+    offered = page.locator("#ss-frame-choice [role=option]").all_inner_texts()
     assert [text.replace("✓", "").strip() for text in offered] == ["9", "13"], offered  # ✓: the picked one
     page.get_by_role("option", name="13", exact=True).click()
     pick(page, "#ss-size", "96x64")
