@@ -68,6 +68,7 @@ def settings_update(settings: dict, engine: EngineClient) -> list:
     width, height = (_within(settings.get(side, default), *card.size_range)
                      for side, default in (("width", defaults.width), ("height", defaults.height)))
     size = f"{width}x{height}"
+    frames = str(settings.get("num_frames"))  # as the card's Frames pick list holds a length
     return [
         model,
         settings.get("prompt", ""),
@@ -79,8 +80,7 @@ def settings_update(settings: dict, engine: EngineClient) -> list:
         _within(settings.get("guidance_scale", defaults.guidance_scale), *GUIDANCE_RANGE),
         settings.get("scheduler") or "",
         settings.get("num_frames", defaults.num_frames),
-        str(settings.get("num_frames")) if str(settings.get("num_frames")) in map(str, card.frame_counts)
-        else card.default_frame_choice,
+        frames if frames in map(str, card.frame_counts) else card.default_frame_choice,
         "seed" not in settings,  # a known seed is reused as it is
         settings.get("seed", 0),
     ]

@@ -154,7 +154,8 @@ class ModelForm:
 
     def updates(self) -> list:
         """gr.update()s for (size, width, height, steps, guidance, negative prompt, scheduler, frames,
-        frame choice, preview, animation, image, video, LoRA picker, example prompts) when this model is picked."""
+        frame choice, preview, animation, image, video, LoRA picker, example prompts) when this model
+        is picked."""
         return [
             gr.update(choices=list(self.sizes), value=self.default_size, visible=bool(self.sizes)),
             gr.update(minimum=self.size_range[0], maximum=self.size_range[1], step=self.size_step, value=self.width,
@@ -253,7 +254,8 @@ def build_simple_tab(engine: EngineClient, config: StudioOptions) -> tuple[Simpl
                                  object_fit="contain", format="png", preview=False, allow_preview=True,
                                  elem_id="ss-gallery")
     form = SimpleForm(model, prompt, negative, size, width, height, steps, guidance, scheduler, frames, frame_choice,
-                      batch_count, random_seed, seed, unknown, examples, generate, cancel, picture, strength, picture_panel, lora)
+                      batch_count, random_seed, seed, unknown, examples, generate, cancel, picture, strength,
+                      picture_panel, lora)
     return form, SimplePanel(queue, preview, animation, image, video, gallery, controls)
 
 
