@@ -39,8 +39,11 @@ def build_vae() -> AutoencoderKL:
     )
 
 
-def build_transformer(num_layers: int = 2, num_single_layers: int = 4) -> FluxTransformer2DModel:
-    """FLUX architecture, width 128; v1: 2 double-stream + 4 single-stream blocks (2.3M params)."""
+V1_BLOCKS = (2, 4)  # v1's double-stream and single-stream blocks (2.3M parameters)
+
+
+def build_transformer(num_layers: int = V1_BLOCKS[0], num_single_layers: int = V1_BLOCKS[1]) -> FluxTransformer2DModel:
+    """FLUX architecture, width 128; by default v1's blocks."""
     return FluxTransformer2DModel(
         patch_size=1,
         in_channels=LATENT_CHANNELS * 4,  # 2x2 packed latents

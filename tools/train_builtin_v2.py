@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from tools.builtin_components import (
     TEXT_LENGTH,
+    V1_BLOCKS,
     build_clip_tokenizer,
     build_scheduler,
     build_t5_tokenizer,
@@ -152,7 +153,7 @@ def block_counts(args) -> tuple[int, int]:
     if args.init_from:
         config = json.loads((args.init_from / "transformer" / "config.json").read_text())
         return config["num_layers"], config["num_single_layers"]
-    return 2, 4
+    return V1_BLOCKS
 
 
 def initialize_from(folder: Path, transformer, text_models, clip_tokenizer, t5_tokenizer) -> None:
@@ -232,7 +233,7 @@ def train_transformer(args) -> None:
     clip_tokenizer, t5_tokenizer = build_clip_tokenizer(words), build_t5_tokenizer(words)
 
     torch.manual_seed(args.seed)
-    transformer = build_transformer(*block_counts(args))
+    transformer = build_transformer(*(blocks := block_counts(args)))  # the checkpoints record `blocks`
     text_models = TextModels(clip_tokenizer, t5_tokenizer)
     if args.init_from:
         initialize_from(args.init_from, transformer, text_models, clip_tokenizer, t5_tokenizer)
@@ -255,7 +256,7 @@ def train_transformer(args) -> None:
     def save(path: Path) -> None:
         save_atomically({"model": modules.state_dict(), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
                          "generator": generator.get_state(), "state": state, "shift": shift, "scale": scale,
-                         "blocks": block_counts(args)}, path)
+                         "blocks": blocks}, path)
 
     txt_ids = torch.zeros(TEXT_LENGTH, 3)
     started = time.time() - state["elapsed"]
@@ -360,7 +361,8 @@ def export(args, checkpoint: Path | None = None, out: Path | None = None) -> Non
     shift, scale = saved["shift"], saved["scale"]
     words = vocabulary()
     clip_tokenizer, t5_tokenizer = build_clip_tokenizer(words), build_t5_tokenizer(words)
-    transformer = build_transformer(*saved.get("blocks", (2, 4)))
+    blocks = saved.get("blocks", V1_BLOCKS)  # checkpoints from before --blocks are v1's
+    transformer = build_transformer(*blocks)
     text_models = TextModels(clip_tokenizer, t5_tokenizer)
     modules = torch.nn.ModuleDict({"transformer": transformer, "text": text_models})
     modules.load_state_dict(saved["ema" if not args.export_raw else "model"])
@@ -389,7 +391,7 @@ def export(args, checkpoint: Path | None = None, out: Path | None = None) -> Non
                      "transformer_minutes": round(saved["state"]["elapsed"] / 60, 1),
                      "weights": "raw" if args.export_raw else "ema",
                      "init_from": str(args.init_from) if args.init_from else None, "recolor_rate": args.recolor_rate,
-                     "blocks": list(saved.get("blocks", (2, 4)))},
+                     "blocks": list(blocks)},
     }
     (out / "stepstudio.json").write_text(json.dumps(defaults, indent=2) + "\n")
     log(f"export: wrote {out} (step {saved['state']['step']}, {'raw' if args.export_raw else 'EMA'} weights)")
@@ -410,8 +412,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--vae-from", type=Path, default=None,
                         help="a model folder whose VAE (and its normalization) to use instead of training one")
     parser.add_argument("--blocks", type=int, nargs=2, default=None, metavar=("DOUBLE", "SINGLE"),
-                        help="the transformer's double- and single-stream blocks (default: --init-from's, else 2 4); "
-                             "more than --init-from's grows it by blocks that start as the identity")
+                        help="default: --init-from's, else 2 4; more grows --init-from's by identity blocks")
     parser.add_argument("--init-from", type=Path, default=None,
                         help="a model folder of the same architecture to start the transformer and text encoders from")
     parser.add_argument("--vae-steps", type=int, default=100000)
