@@ -1,10 +1,11 @@
 """tools/evaluate_v2.py's analysis reads clean renders of the open shapes world right: every named
 part of every held-out prompt, at every named canvas (so a score it reports for a model is the
-model's, not the evaluator's)."""
+model's, not the evaluator's); its step-caching sweep runs caching off, then each threshold."""
 
 from PIL import Image
 
-from tools.evaluate_v2 import canvas_cases, contact_sheet, part_cases, picture_cases, score
+from pipelines.loader import BUILTIN_V2_MODEL_DIR
+from tools.evaluate_v2 import canvas_cases, contact_sheet, part_cases, picture_cases, score, sweep_step_cache
 from tools.shapes_world_v2 import NAMED_CANVASES, render
 
 
@@ -46,3 +47,16 @@ def test_outline_renders_are_outlines_on_every_named_canvas_and_plain_renders_ar
     assert not any(measure(render(scene)).outlined for _, scene, _ in cases)
     # the ring is drawn where the shape is: shape, colour and position read as the filled shape's
     assert all(score(scene, named, render_outline(scene)) == score(scene, named, render(scene)) for _, scene, named in cases)
+
+
+def test_the_step_cache_sweep_runs_caching_off_then_each_threshold(capsys):
+    rows = sweep_step_cache(BUILTIN_V2_MODEL_DIR, per_canvas=1, parts=4, seed=4321, thresholds=[0.5])
+    assert [(row.rule, row.threshold) for row in rows] == [("off", 0.0), ("teacache", 0.5)]
+    assert rows[0].rows_skipped == 0.0 and rows[1].rows_skipped > 0.2
+    for row in rows:
+        assert set(row.scores) == {"color", "shape", "background", "position", "size", "parts named"}
+        assert all(0.0 <= value <= 1.0 for value in row.scores.values())
+        assert row.scores["background"] == 1.0  # drawn right on every canvas with caching off and on
+    printed = capsys.readouterr().out
+    assert "8 full captions (1 per named canvas) and 4 with parts left out" in printed
+    assert printed.count("| teacache | 0.5 |") == 1

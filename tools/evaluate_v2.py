@@ -2,6 +2,7 @@
 
     python -m tools.evaluate_v2                                  # every table, the model's defaults
     python -m tools.evaluate_v2 --per-canvas 8 --parts 48 --pictures 24 --step-cache 0
+    python -m tools.evaluate_v2 --step-cache-sweep 0.1 0.2 0.3     # step caching's thresholds
 
 The analysis is tools.evaluate_builtin's (no learned model: border median, foreground mask, robust
 box, shape by IoU with drawn templates), read against the open world's words:
@@ -204,7 +205,12 @@ def outline_table(engine, cases, seed: int, plain: dict) -> dict:
 
 def text_cases(engine, cases, seed: int) -> dict:
     requests = text_requests(cases, seed)
-    images = run_all(engine, requests)
+    return tabulate(cases, requests, run_all(engine, requests))
+
+
+def tabulate(cases, requests: list, images: list[Image.Image]) -> dict:
+    """Each case's image scored against what its prompt names: per canvas, the share of each
+    attribute drawn, and the share of prompts with everything they name drawn."""
     by_label: dict[str, dict[str, list[bool]]] = {}
     verdicts = [score(scene, named, image) for (_, scene, named), image in zip(cases, images)]
     for (label, _, _), hits in zip(cases, verdicts):
@@ -311,6 +317,33 @@ def evaluate(model: Path, per_canvas: int, parts: int, pictures: int, seed: int,
     return result
 
 
+def sweep_step_cache(model: Path, per_canvas: int, parts: int, seed: int, thresholds: list[float]) -> list:
+    """Caching off, then TeaCache at each threshold (tools/step_cache_sweep.py), on tables 1 and 2's
+    prompts and seeds: each attribute's mean over the named canvases, and the share of prompts with
+    parts left out whose every named part is drawn. (Image to image runs every step by default.)"""
+    from pipelines.loader import load_pipeline
+    from tools.step_cache_sweep import print_sweep
+
+    full, partial = canvas_cases(per_canvas, seed), part_cases(parts, seed)
+
+    def requests_for(threshold: float) -> list:
+        return [replace(request, step_cache=threshold)
+                for request in text_requests(full, seed) + text_requests(partial, seed + 10_000)]
+
+    def scores(finals: list) -> dict[str, float]:
+        images = [final.images[0] for final in finals]
+        requests = requests_for(0.0)
+        table = tabulate(full, requests[:len(full)], images[:len(full)])["by_canvas"]
+        means = {a: float(np.mean([scores[a] for scores in table.values() if a in scores])) for a in ATTRIBUTES}
+        means["parts named"] = tabulate(partial, requests[len(full):], images[len(full):])["everything_named_drawn"]
+        return means
+
+    print(f"{model}: {len(full)} full captions ({per_canvas} per named canvas) and {len(partial)} with parts "
+          f"left out, noise seeds from {seed}, through stepstudio's engine (step mode, batch 8)\n")
+    return print_sweep(load_pipeline(str(model)), requests_for, scores, thresholds, ["teacache"],
+                       ATTRIBUTES + ("parts named",))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=Path("assets/shapes-flux"))
@@ -321,6 +354,8 @@ def main() -> None:
     parser.add_argument("--step-cache", type=float, default=None, help="step caching threshold (default: the model's)")
     parser.add_argument("--outline", type=Path, default=None,
                         help="the outline adapter's file: also score it on every named canvas, with and without it")
+    parser.add_argument("--step-cache-sweep", type=float, nargs="+", default=None, metavar="THRESHOLD",
+                        help="instead of the tables: caching off against TeaCache at each threshold, scores and speed")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--save", type=Path, default=None, help="write the JSON summary (no images) here")
     parser.add_argument("--sheet", type=Path, default=None,
@@ -329,6 +364,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.step_cache_sweep:
+        sweep_step_cache(args.model, args.per_canvas, args.parts, args.seed, args.step_cache_sweep)
+        return
     result = evaluate(args.model, args.per_canvas, args.parts, args.pictures, args.seed, args.step_cache, args.outline)
     print(markdown(result))
     print(f"\n{args.model}, seed {args.seed}, step cache {args.step_cache}, {result['seconds']:.0f} s")

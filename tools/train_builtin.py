@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -52,15 +51,7 @@ from tools.shapes_world import (
     render,
     vocabulary,
 )
-from tools.training_loop import (
-    cosine_lr,
-    ema_update,
-    log,
-    optimizer_step,
-    progress_fraction,
-    resume,
-    save_atomically,
-)
+from tools.training_loop import Schedule, log, resume, run_steps, save_atomically, train_vae_stage
 
 STAGES = ("vae", "latents", "transformer", "export")
 
@@ -87,42 +78,13 @@ def vae_loss(vae, images: torch.Tensor, kl_weight: float) -> tuple[torch.Tensor,
 
 
 def train_vae(args) -> None:
-    checkpoint = args.work_dir / "vae.pt"
     torch.manual_seed(args.seed)
-    vae = build_vae()
-    optimizer = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
-    state = resume(checkpoint, "vae", vae, optimizer) or {"step": 0, "elapsed": 0.0, "done": False}
-    if state["done"]:
-        log("vae: already trained")
-        return
-    rng = np.random.default_rng([args.seed, state["step"]])
-    started = time.time() - state["elapsed"]
-    last_save = time.time()
-    vae.train()
-    while True:
-        step = state["step"]
-        fraction = progress_fraction(step, args.vae_steps, time.time() - started, args.vae_minutes)
-        if fraction >= 1.0:
-            break
-        for group in optimizer.param_groups:
-            group["lr"] = cosine_lr(args.vae_lr, fraction, step, warmup=100)
+
+    def batch_at(step: int, rng: np.random.Generator) -> torch.Tensor:
         specs = [random_spec(rng) for _ in range(args.vae_batch)]
-        images = to_tensor([render(spec, rng) for spec in specs])
-        loss, parts = vae_loss(vae, images, args.kl_weight)
-        optimizer_step(loss, optimizer, vae.parameters())
-        state["step"] = step + 1
-        state["elapsed"] = time.time() - started
-        if step % 50 == 0:
-            rate = state["step"] / max(state["elapsed"], 1e-6)
-            eta = (1 - fraction) * args.vae_minutes * 60 if args.vae_minutes > 0 else (args.vae_steps - step) / rate
-            details = " ".join(f"{k} {v:.4f}" for k, v in parts.items())
-            log(f"vae step {step} loss {loss.item():.4f} {details} {rate:.2f} steps/s ETA {eta / 60:.1f} min")
-        if time.time() - last_save > args.checkpoint_minutes * 60:
-            save_atomically({"model": vae.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, checkpoint)
-            last_save = time.time()
-    state["done"] = True
-    save_atomically({"model": vae.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, checkpoint)
-    log(f"vae: done, {state['step']} steps in {state['elapsed'] / 60:.1f} min")
+        return to_tensor([render(spec, rng) for spec in specs])
+
+    train_vae_stage(args, build_vae(), batch_at, vae_loss, warmup=100, log_every=50)
 
 
 def load_vae(args):
@@ -254,17 +216,8 @@ def train_transformer(args) -> None:
     _, _, latent_h, latent_w = mean.shape
     img_ids = image_ids(latent_h, latent_w)
     txt_ids = torch.zeros(TEXT_LENGTH, 3)
-    started = time.time() - state["elapsed"]
-    last_save = time.time()
-    modules.train()
-    while True:
-        step = state["step"]
-        fraction = progress_fraction(step, args.steps, time.time() - started, args.max_minutes)
-        if fraction >= 1.0:
-            break
-        lr = cosine_lr(args.lr, fraction, step, warmup=args.warmup)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+
+    def loss_at(step: int, fraction: float) -> tuple[torch.Tensor, dict]:
         rows = torch.randint(len(mean), (args.batch,), generator=generator)
         std = (0.5 * logvar[rows].float()).exp()
         noise_free = mean[rows].float() + std * torch.randn(std.shape, generator=generator)
@@ -284,25 +237,10 @@ def train_transformer(args) -> None:
             img_ids=img_ids,
             return_dict=False,
         )[0]
-        loss = F.mse_loss(velocity, noise - x0)
-        optimizer_step(loss, optimizer, modules.parameters())
-        ema_update(ema, modules, min(args.ema_decay, (1 + step) / (10 + step)))
-        state["step"] = step + 1
-        state["elapsed"] = time.time() - started
-        state["loss_avg"] = loss.item() if state["loss_avg"] is None else 0.98 * state["loss_avg"] + 0.02 * loss.item()
-        if step % 100 == 0:
-            rate = state["step"] / max(state["elapsed"], 1e-6)
-            remaining = min((args.steps - step) / rate, args.max_minutes * 60 - state["elapsed"]) if args.max_minutes > 0 else (args.steps - step) / rate
-            log(
-                f"transformer step {step} loss {loss.item():.4f} avg {state['loss_avg']:.4f} lr {lr:.2e} "
-                f"{rate:.2f} steps/s ETA {remaining / 60:.1f} min"
-            )
-        if time.time() - last_save > args.checkpoint_minutes * 60:
-            save(checkpoint)
-            last_save = time.time()
-    state["done"] = True
-    save(checkpoint)
-    log(f"transformer: done, {state['step']} steps in {state['elapsed'] / 60:.1f} min")
+        return F.mse_loss(velocity, noise - x0), {}
+
+    run_steps("transformer", state, modules, optimizer, Schedule(args.lr, args.warmup, args.steps, args.max_minutes),
+              loss_at, lambda: save(checkpoint), args.checkpoint_minutes, ema=ema, ema_decay=args.ema_decay)
 
 
 # ----------------------------------------------------------------------------- export

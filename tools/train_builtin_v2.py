@@ -51,8 +51,8 @@ from tools.shapes_world_v2 import (
     vocabulary,
 )
 from tools.train_builtin import TextModels, image_ids, pack_latents, to_tensor, tokenize_all, vae_loss
-from tools.training_loop import (cosine_lr, ema_update, log, optimizer_step, progress_fraction, resume,
-                                 save_atomically)
+from tools.training_loop import (Schedule, log, progress_fraction, resume, run_steps, save_atomically,
+                                 train_vae_stage)
 
 STAGES = ("vae", "latents", "transformer", "export")
 CANVASES: tuple[tuple[int, int], ...] = tuple((w, h) for w in CANVAS_SIDES for h in CANVAS_SIDES)
@@ -74,41 +74,13 @@ def schedule_mu(tokens: int) -> float:
 
 
 def train_vae(args) -> None:
-    checkpoint = args.work_dir / "vae.pt"
     torch.manual_seed(args.seed)
-    vae = build_vae()
-    optimizer = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
-    state = resume(checkpoint, "vae", vae, optimizer) or {"step": 0, "elapsed": 0.0, "done": False}
-    if state["done"]:
-        log("vae: already trained")
-        return
-    rng = np.random.default_rng([args.seed, state["step"]])
-    started = time.time() - state["elapsed"]
-    last_save = time.time()
-    vae.train()
-    while True:
-        step = state["step"]
-        fraction = progress_fraction(step, args.vae_steps, time.time() - started, args.vae_minutes)
-        if fraction >= 1.0:
-            break
-        for group in optimizer.param_groups:
-            group["lr"] = cosine_lr(args.vae_lr, fraction, step, warmup=100)
+
+    def batch_at(step: int, rng: np.random.Generator) -> torch.Tensor:
         width, height = random_canvas(rng)
-        images = to_tensor([render(random_scene(rng, width, height)) for _ in range(args.vae_batch)])
-        loss, parts = vae_loss(vae, images, args.kl_weight)
-        optimizer_step(loss, optimizer, vae.parameters())
-        state["step"] = step + 1
-        state["elapsed"] = time.time() - started
-        if step % 50 == 0:
-            details = " ".join(f"{k} {v:.4f}" for k, v in parts.items())
-            log(f"vae step {step} loss {loss.item():.4f} {details} "
-                f"{state['step'] / max(state['elapsed'], 1e-6):.2f} steps/s {state['elapsed'] / 60:.1f} min")
-        if time.time() - last_save > args.checkpoint_minutes * 60:
-            save_atomically({"model": vae.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, checkpoint)
-            last_save = time.time()
-    state["done"] = True
-    save_atomically({"model": vae.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, checkpoint)
-    log(f"vae: done, {state['step']} steps in {state['elapsed'] / 60:.1f} min")
+        return to_tensor([render(random_scene(rng, width, height)) for _ in range(args.vae_batch)])
+
+    train_vae_stage(args, build_vae(), batch_at, vae_loss, warmup=100, log_every=50)
 
 
 def load_vae(args):
@@ -259,18 +231,8 @@ def train_transformer(args) -> None:
                          "blocks": blocks}, path)
 
     txt_ids = torch.zeros(TEXT_LENGTH, 3)
-    started = time.time() - state["elapsed"]
-    last_save = time.time()
-    last_snapshot = state["elapsed"]
-    modules.train()
-    while True:
-        step = state["step"]
-        fraction = progress_fraction(step, args.steps, time.time() - started, args.max_minutes)
-        if fraction >= 1.0:
-            break
-        lr = cosine_lr(args.lr, fraction, step, warmup=args.warmup)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+
+    def loss_at(step: int, fraction: float) -> tuple[torch.Tensor, dict]:
         width, height = canvases[int(torch.randint(len(canvases), (1,), generator=generator))]
         bucket = buckets[(width, height)]
         rows = torch.randint(len(bucket["mean"]), (args.batch,), generator=generator)
@@ -297,25 +259,19 @@ def train_transformer(args) -> None:
                                encoder_hidden_states=sequence, txt_ids=txt_ids,
                                img_ids=image_ids(height // 4, width // 4), return_dict=False)[0]
         # The velocity whose Euler step to sigma 0 lands on x0: noise - x0 on plain rows.
-        loss = F.mse_loss(velocity, (x_t - x0) / sigma[:, None, None])
-        optimizer_step(loss, optimizer, modules.parameters())
-        ema_update(ema, modules, min(args.ema_decay, (1 + step) / (10 + step)))
-        state["step"] = step + 1
-        state["elapsed"] = time.time() - started
-        state["loss_avg"] = loss.item() if state["loss_avg"] is None else 0.98 * state["loss_avg"] + 0.02 * loss.item()
-        if step % 100 == 0:
-            rate = state["step"] / max(state["elapsed"], 1e-6)
-            log(f"transformer step {step} loss {loss.item():.4f} avg {state['loss_avg']:.4f} lr {lr:.2e} "
-                f"{rate:.2f} steps/s {state['elapsed'] / 60:.1f} of {args.max_minutes:.0f} min")
-        if time.time() - last_save > args.checkpoint_minutes * 60:
-            save(checkpoint)
-            last_save = time.time()
-        if args.snapshot_minutes and state["elapsed"] - last_snapshot > args.snapshot_minutes * 60:
-            save(args.work_dir / f"transformer-{int(state['elapsed'] / 60):04d}min.pt")
-            last_snapshot = state["elapsed"]
-    state["done"] = True
-    save(checkpoint)
-    log(f"transformer: done, {state['step']} steps in {state['elapsed'] / 60:.1f} min")
+        return F.mse_loss(velocity, (x_t - x0) / sigma[:, None, None]), {}
+
+    last_snapshot = state["elapsed"]
+
+    def keep_snapshots(progress: dict) -> None:
+        nonlocal last_snapshot
+        if args.snapshot_minutes and progress["elapsed"] - last_snapshot > args.snapshot_minutes * 60:
+            save(args.work_dir / f"transformer-{int(progress['elapsed'] / 60):04d}min.pt")
+            last_snapshot = progress["elapsed"]
+
+    run_steps("transformer", state, modules, optimizer, Schedule(args.lr, args.warmup, args.steps, args.max_minutes),
+              loss_at, lambda: save(checkpoint), args.checkpoint_minutes, ema=ema, ema_decay=args.ema_decay,
+              after_step=keep_snapshots)
 
 
 # ----------------------------------------------------------------------------- export

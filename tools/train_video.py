@@ -52,15 +52,7 @@ from tools.moving_shapes_world import (
     training_specs,
     vocabulary,
 )
-from tools.training_loop import (
-    cosine_lr,
-    ema_update,
-    log,
-    optimizer_step,
-    progress_fraction,
-    resume,
-    save_atomically,
-)
+from tools.training_loop import Schedule, log, resume, run_steps, save_atomically, train_vae_stage
 from tools.video_components import (
     FLOW_SHIFT,
     TEXT_LENGTH,
@@ -121,42 +113,14 @@ def vae_loss(vae, clips: torch.Tensor, kl_weight: float) -> tuple[torch.Tensor, 
 
 
 def train_vae(args) -> None:
-    checkpoint = args.work_dir / "vae.pt"
     torch.manual_seed(args.seed)
-    vae = build_vae()
-    optimizer = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
-    state = resume(checkpoint, "vae", vae, optimizer) or {"step": 0, "elapsed": 0.0, "done": False}
-    if state["done"]:
-        log("vae: already trained")
-        return
     specs = training_specs()
-    started = time.time() - state["elapsed"]
-    last_save = time.time()
-    vae.train()
-    while True:
-        step = state["step"]
-        fraction = progress_fraction(step, args.vae_steps, time.time() - started, args.vae_minutes)
-        if fraction >= 1.0:
-            break
-        for group in optimizer.param_groups:
-            group["lr"] = cosine_lr(args.vae_lr, fraction, step, warmup=args.vae_warmup)
+
+    def batch_at(step: int, _: np.random.Generator) -> torch.Tensor:
         rng = np.random.default_rng([args.seed, step])  # per step: a resumed run draws the same clips
-        clips = to_video_tensor([render(random_spec(rng, specs), rng) for _ in range(args.vae_batch)])
-        loss, parts = vae_loss(vae, clips, args.kl_weight)
-        optimizer_step(loss, optimizer, vae.parameters())
-        state["step"] = step + 1
-        state["elapsed"] = time.time() - started
-        if step % 25 == 0:
-            rate = state["step"] / max(state["elapsed"], 1e-6)
-            details = " ".join(f"{k} {v:.4f}" for k, v in parts.items())
-            log(f"vae step {step} loss {loss.item():.4f} {details} {rate:.2f} steps/s "
-                f"{state['elapsed'] / 60:.1f} min, {100 * fraction:.0f}% done")
-        if time.time() - last_save > args.checkpoint_minutes * 60:
-            save_atomically({"model": vae.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, checkpoint)
-            last_save = time.time()
-    state["done"] = True
-    save_atomically({"model": vae.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, checkpoint)
-    log(f"vae: done, {state['step']} steps in {state['elapsed'] / 60:.1f} min")
+        return to_video_tensor([render(random_spec(rng, specs), rng) for _ in range(args.vae_batch)])
+
+    train_vae_stage(args, build_vae(), batch_at, vae_loss, warmup=args.vae_warmup, log_every=25)
 
 
 def load_vae(work_dir: Path):
@@ -344,42 +308,23 @@ def train_transformer(args) -> None:
     channel_mean = torch.tensor(data["latents_mean"]).view(1, -1, 1, 1, 1)
     channel_std = torch.tensor(data["latents_std"]).view(1, -1, 1, 1, 1)
     captions_and_latent_stats = (input_ids, attention_mask, empty_index, channel_mean, channel_std)
-    started = time.time() - state["elapsed"]
-    last_save = time.time()
-    models.train()
-    while True:
-        step = state["step"]
-        if replay is not None:
-            fraction = replay[step] if step < len(replay) else 1.0
-        else:
-            fraction = progress_fraction(step, args.steps, time.time() - started, args.max_minutes)
-        if fraction >= 1.0:
-            break
+
+    def loss_at(step: int, fraction: float) -> tuple[torch.Tensor, dict]:
         state.setdefault("fractions", []).append(fraction)
-        lr = cosine_lr(args.lr, fraction, step, warmup=args.warmup)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
         loss = flow_matching_loss(models, data, args.batch, None, generator, args, *captions_and_latent_stats)
         if args.image_batch:  # first frames as one-frame videos
             loss = loss + flow_matching_loss(models, data, args.image_batch, 1, generator, args,
                                              *captions_and_latent_stats)
-        optimizer_step(loss, optimizer, models.parameters())
-        ema_update(ema, models, min(args.ema_decay, (1 + step) / (10 + step)))
-        state["step"] = step + 1
-        state["elapsed"] = time.time() - started
-        state["loss_avg"] = loss.item() if state["loss_avg"] is None else 0.98 * state["loss_avg"] + 0.02 * loss.item()
-        if step % 100 == 0:
-            rate = state["step"] / max(state["elapsed"], 1e-6)
-            log(f"{args.run_name} step {step} loss {loss.item():.4f} avg {state['loss_avg']:.4f} lr {lr:.2e} "
-                f"{rate:.2f} steps/s {state['elapsed'] / 60:.1f} min, {100 * fraction:.0f}% done")
-        if time.time() - last_save > args.checkpoint_minutes * 60:
-            save(checkpoint)
-            last_save = time.time()
-        if args.snapshot_every and state["step"] % args.snapshot_every == 0:
-            save(args.work_dir / f"{args.run_name}-{state['step']}.pt")  # for evaluating mid-run
-    state["done"] = True
-    save(checkpoint)
-    log(f"{args.run_name}: done, {state['step']} steps in {state['elapsed'] / 60:.1f} min")
+        return loss, {}
+
+    def keep_snapshots(progress: dict) -> None:
+        if args.snapshot_every and progress["step"] % args.snapshot_every == 0:
+            save(args.work_dir / f"{args.run_name}-{progress['step']}.pt")  # for evaluating mid-run
+
+    run_steps(args.run_name, state, models, optimizer, Schedule(args.lr, args.warmup, args.steps, args.max_minutes),
+              loss_at, lambda: save(checkpoint), args.checkpoint_minutes, ema=ema, ema_decay=args.ema_decay,
+              after_step=keep_snapshots,
+              fraction_at=None if replay is None else (lambda step: replay[step] if step < len(replay) else 1.0))
 
 
 # ----------------------------------------------------------------------------- export

@@ -36,7 +36,7 @@ import torch
 
 from tools.moving_shapes_world import V2_CANVASES, Canvas, caption, held_out_specs, render, training_specs
 from tools.train_video import flow_matching_loss, to_video_tensor, tokenize
-from tools.training_loop import ema_update, log, optimizer_step, resume, save_atomically, scheduled_lr
+from tools.training_loop import Schedule, log, resume, run_steps, save_atomically
 from tools.video_components import build_tokenizer
 
 STAGES = ("ceiling", "latents", "transformer", "export")
@@ -134,33 +134,20 @@ def train_transformer(args) -> None:
                          "generator": generator.get_state(), "state": state,
                          "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}, path)
 
-    started = time.time() - state["elapsed"]
-    last_save = time.time()
-    models.train()
-    while (lr := scheduled_lr(optimizer, args.lr, state["step"], time.time() - started, args.steps, args.max_minutes,
-                              args.warmup)) is not None:
-        step = state["step"]
-        loss = sum(
+    def loss_at(step: int, fraction: float) -> tuple[torch.Tensor, dict]:
+        return sum(
             flow_matching_loss(models, data[canvas], args.batch, None, generator, args, *stats)
             + flow_matching_loss(models, data[canvas], args.image_batch, 1, generator, args, *stats)
             for canvas in V2_CANVASES
-        ) / len(V2_CANVASES)
-        optimizer_step(loss, optimizer, models.parameters())
-        ema_update(ema, models, min(args.ema_decay, (1 + step) / (10 + step)))
-        state["step"] = step + 1
-        state["elapsed"] = time.time() - started
-        state["loss_avg"] = loss.item() if state["loss_avg"] is None else 0.98 * state["loss_avg"] + 0.02 * loss.item()
-        if step % 50 == 0:
-            log(f"transformer step {step} loss {loss.item():.4f} avg {state['loss_avg']:.4f} lr {lr:.2e} "
-                f"{state['step'] / max(state['elapsed'], 1e-6):.2f} steps/s {state['elapsed'] / 60:.1f} min")
-        if time.time() - last_save > args.checkpoint_minutes * 60:
-            save(checkpoint)
-            last_save = time.time()
-        if args.snapshot_every and state["step"] % args.snapshot_every == 0:
-            save(args.work_dir / f"transformer-{state['step']}.pt")
-    state["done"] = True
-    save(checkpoint)
-    log(f"transformer: done, {state['step']} steps in {state['elapsed'] / 60:.1f} min")
+        ) / len(V2_CANVASES), {}
+
+    def keep_snapshots(progress: dict) -> None:
+        if args.snapshot_every and progress["step"] % args.snapshot_every == 0:
+            save(args.work_dir / f"transformer-{progress['step']}.pt")
+
+    run_steps("transformer", state, models, optimizer, Schedule(args.lr, args.warmup, args.steps, args.max_minutes),
+              loss_at, lambda: save(checkpoint), args.checkpoint_minutes, ema=ema, ema_decay=args.ema_decay,
+              log_every=50, after_step=keep_snapshots)
 
 
 def export(args) -> None:

@@ -1,13 +1,16 @@
-"""Pieces the trainers (tools/train_*.py) share: logging,
-checkpoints that survive a kill, the time-or-steps schedule and the EMA."""
+"""Pieces the trainers (tools/train_*.py) share: logging, checkpoints that survive a kill, the
+time-or-steps schedule, the EMA, and the step loop every stage runs (`run_steps`, `train_vae_stage`)."""
 
 from __future__ import annotations
 
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import torch
 
 
@@ -77,3 +80,80 @@ def scheduled_lr(optimizer, base_lr: float, step: int, elapsed_s: float, steps: 
     for group in optimizer.param_groups:
         group["lr"] = lr
     return lr
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A run's budget and learning rate: warm-up, then a cosine over the steps or the minutes,
+    whichever ends first (0 minutes: steps only)."""
+
+    base_lr: float
+    warmup: int
+    steps: int
+    minutes: float
+
+
+def run_steps(name: str, state: dict, model: torch.nn.Module, optimizer, schedule: Schedule,
+              loss_at: Callable[[int, float], tuple[torch.Tensor, dict]], save: Callable[[], None],
+              checkpoint_minutes: float, *, ema: torch.nn.Module | None = None, ema_decay: float = 0.999,
+              log_every: int = 100, after_step: Callable[[dict], None] | None = None,
+              fraction_at: Callable[[int], float] | None = None) -> None:
+    """Train `model` from `state` (step, elapsed seconds; a resumed run's own) until the schedule
+    ends: per step the learning rate, `loss_at(step, fraction)` (the loss and figures to log), one
+    clipped optimizer step and the EMA's update; a checkpoint (`save`) every `checkpoint_minutes`
+    and at the end, with the state marked done. `fraction_at` replaces the clock (a replayed
+    schedule); `after_step` sees the state after each step (snapshots)."""
+    started = time.time() - state["elapsed"]
+    last_save = time.time()
+    model.train()
+    while True:
+        step = state["step"]
+        fraction = (fraction_at(step) if fraction_at is not None
+                    else progress_fraction(step, schedule.steps, time.time() - started, schedule.minutes))
+        if fraction >= 1.0:
+            break
+        lr = cosine_lr(schedule.base_lr, fraction, step, warmup=schedule.warmup)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss, figures = loss_at(step, fraction)
+        optimizer_step(loss, optimizer, model.parameters())
+        if ema is not None:
+            ema_update(ema, model, min(ema_decay, (1 + step) / (10 + step)))
+        state["step"] = step + 1
+        state["elapsed"] = time.time() - started
+        value = loss.item()
+        state["loss_avg"] = value if state.get("loss_avg") is None else 0.98 * state["loss_avg"] + 0.02 * value
+        if step % log_every == 0:
+            details = "".join(f" {key} {figure:.4f}" for key, figure in figures.items())
+            log(f"{name} step {step} loss {value:.4f} avg {state['loss_avg']:.4f}{details} lr {lr:.2e} "
+                f"{state['step'] / max(state['elapsed'], 1e-6):.2f} steps/s {state['elapsed'] / 60:.1f} min, "
+                f"{100 * fraction:.0f}% done")
+        if time.time() - last_save > checkpoint_minutes * 60:
+            save()
+            last_save = time.time()
+        if after_step is not None:
+            after_step(state)
+    state["done"] = True
+    save()
+    log(f"{name}: done, {state['step']} steps in {state['elapsed'] / 60:.1f} min")
+
+
+def train_vae_stage(args, vae: torch.nn.Module, batch_at: Callable[[int, np.random.Generator], torch.Tensor],
+                    vae_loss: Callable, warmup: int, log_every: int) -> None:
+    """Every trainer's VAE stage: AdamW on `vae_loss(vae, batch, args.kl_weight)` over fresh
+    renders (`batch_at(step, rng)`, the rng seeded from the seed and the step the run starts at),
+    resuming from --work-dir's vae.pt."""
+    checkpoint = args.work_dir / "vae.pt"
+    optimizer = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
+    state = resume(checkpoint, "vae", vae, optimizer) or {"step": 0, "elapsed": 0.0, "done": False}
+    if state["done"]:
+        log("vae: already trained")
+        return
+    rng = np.random.default_rng([args.seed, state["step"]])
+
+    def save() -> None:
+        save_atomically({"model": vae.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, checkpoint)
+
+    run_steps("vae", state, vae, optimizer, Schedule(args.vae_lr, warmup, args.vae_steps, args.vae_minutes),
+              lambda step, fraction: vae_loss(vae, batch_at(step, rng), args.kl_weight), save,
+              args.checkpoint_minutes, log_every=log_every)
