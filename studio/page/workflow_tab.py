@@ -222,13 +222,13 @@ class WorkflowRunner:
                             saved.add(branch.branch.index)
                             await save_quietly(self.outputs, branch.result, owner, saved_workflow,
                                                caption=branch.caption)
+                    if view.is_final and self.engine.accepting:  # in History before the page says it ended
+                        await self._save_grids(view, run, owner, saved_workflow)
                     yield view
         finally:
             self.registry.finished(run)
             if journal is not None:
                 journal.close(keep=not self.engine.accepting)
-        if view is not None and view.is_final and self.engine.accepting:
-            await self._save_grids(view, run, owner, saved_workflow)
         if view is not None and view.state != COMPLETED and self._shut_down():
             # After the last view (the editor draws where each branch stopped), the same error
             # every other caller in flight gets at a shutdown.
