@@ -325,14 +325,13 @@ def sweep_step_cache(model: Path, per_canvas: int, parts: int, seed: int, thresh
     from tools.step_cache_sweep import print_sweep
 
     full, partial = canvas_cases(per_canvas, seed), part_cases(parts, seed)
+    requests = text_requests(full, seed) + text_requests(partial, seed + 10_000)
 
     def requests_for(threshold: float) -> list:
-        return [replace(request, step_cache=threshold)
-                for request in text_requests(full, seed) + text_requests(partial, seed + 10_000)]
+        return [replace(request, step_cache=threshold) for request in requests]
 
     def scores(finals: list) -> dict[str, float]:
         images = [final.images[0] for final in finals]
-        requests = requests_for(0.0)
         table = tabulate(full, requests[:len(full)], images[:len(full)])["by_canvas"]
         means = {a: float(np.mean([scores[a] for scores in table.values() if a in scores])) for a in ATTRIBUTES}
         means["parts named"] = tabulate(partial, requests[len(full):], images[len(full):])["everything_named_drawn"]
