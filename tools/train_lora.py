@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -47,7 +48,7 @@ import torch.nn.functional as F
 from tools.builtin_components import TEXT_LENGTH
 from tools.shapes_world import OUTLINE_THICKNESS_PIXELS, ShapeSpec, all_specs, caption, example_specs, render_outline
 from tools.train_builtin import image_ids, pack_latents, sample_sigmas, to_tensor, tokenize_all
-from tools.training_loop import log, optimizer_step, scheduled_lr
+from tools.training_loop import Schedule, log, run_steps
 
 DEFAULT_MODEL = Path("assets/shapes-flux")
 DEFAULT_OUT = Path("assets/loras/shapes-flux/outline.safetensors")
@@ -144,17 +145,21 @@ def with_adapter(transformer, args) -> list:
     return parameters
 
 
-def log_step(step: int, loss: float, loss_avg: float, lr: float, started: float) -> None:
-    elapsed = time.time() - started
-    log(f"lora step {step} loss {loss:.4f} avg {loss_avg:.4f} lr {lr:.2e} {step / elapsed:.2f} steps/s, {elapsed / 60:.1f} min")
+def train_adapter(transformer, optimizer, args, state: dict, loss_at, after_step=None) -> None:
+    """Both outline trainers' loop: the shared step loop (tools/training_loop.run_steps) on the
+    adapter's parameters; nothing checkpointed on the way (a run is minutes long; `finish` writes
+    the adapter once)."""
+    run_steps("lora", state, transformer, optimizer, Schedule(args.lr, args.warmup, args.steps, args.minutes),
+              loss_at, save=lambda: None, checkpoint_minutes=math.inf, log_every=args.log_every,
+              after_step=after_step)
 
 
-def finish(transformer, args, parameters: list, step: int, loss_avg: float | None, started: float,
-           started_all: float) -> dict:
+def finish(transformer, args, parameters: list, state: dict, started_all: float) -> dict:
     """Save the adapter to args.out; the run's summary (logged)."""
-    minutes = (time.time() - started) / 60
     save_adapter(transformer, args, args.out)
-    summary = {"steps": step, "train_minutes": round(minutes, 2), "total_minutes": round((time.time() - started_all) / 60, 2),
+    loss_avg = state.get("loss_avg")
+    summary = {"steps": state["step"], "train_minutes": round(state["elapsed"] / 60, 2),
+               "total_minutes": round((time.time() - started_all) / 60, 2),
                "loss_avg": round(loss_avg, 4) if loss_avg is not None else None, "file": str(args.out),
                "bytes": args.out.stat().st_size, "parameters": sum(p.numel() for p in parameters)}
     log("done: " + json.dumps(summary))
@@ -178,12 +183,9 @@ def train(args) -> dict:
     generator = torch.Generator().manual_seed(args.seed)
     img_ids = image_ids(mean.shape[2], mean.shape[3])
     txt_ids = torch.zeros(TEXT_LENGTH, 3)
-    transformer.train()
-    loss_avg = None
-    step = 0
-    started = time.time()
-    while (lr := scheduled_lr(optimizer, args.lr, step, time.time() - started, args.steps, args.minutes,
-                              args.warmup)) is not None:
+    state = {"step": 0, "elapsed": 0.0}
+
+    def loss_at(step: int, fraction: float) -> tuple[torch.Tensor, dict]:
         rows = torch.randint(len(mean), (args.batch,), generator=generator)
         std = (0.5 * logvar[rows]).exp()
         x0 = pack_latents((mean[rows] + std * torch.randn(std.shape, generator=generator) - shift) * scale)
@@ -201,15 +203,14 @@ def train(args) -> dict:
             img_ids=img_ids,
             return_dict=False,
         )[0]
-        loss = F.mse_loss(velocity, noise - x0)
-        optimizer_step(loss, optimizer, parameters)
-        loss_avg = loss.item() if loss_avg is None else 0.98 * loss_avg + 0.02 * loss.item()
-        step += 1
-        if args.save_every and step % args.save_every == 0 and step < args.steps:
-            save_adapter(transformer, args, args.out.with_name(f"{args.out.stem}-step{step}.safetensors"))
-        if step % args.log_every == 0 or step == 1:
-            log_step(step, loss.item(), loss_avg, lr, started)
-    return finish(transformer, args, parameters, step, loss_avg, started, started_all)
+        return F.mse_loss(velocity, noise - x0), {}
+
+    def snapshot(state: dict) -> None:
+        if args.save_every and state["step"] % args.save_every == 0 and state["step"] < args.steps:
+            save_adapter(transformer, args, args.out.with_name(f"{args.out.stem}-step{state['step']}.safetensors"))
+
+    train_adapter(transformer, optimizer, args, state, loss_at, after_step=snapshot)
+    return finish(transformer, args, parameters, state, started_all)
 
 
 def shared_arguments(description: str, model: Path, out: Path, steps: int) -> argparse.ArgumentParser:

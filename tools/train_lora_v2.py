@@ -41,12 +41,12 @@ from tools.train_lora import (
     encode_texts,
     finish,
     frozen_pipeline,
-    log_step,
     run,
     shared_arguments,
+    train_adapter,
     with_adapter,
 )
-from tools.training_loop import log, optimizer_step, scheduled_lr
+from tools.training_loop import log
 
 DEFAULT_MODEL = Path("assets/shapes-flux-v2")
 DEFAULT_OUT = Path("assets/loras/shapes-flux-v2/outline.safetensors")
@@ -79,10 +79,9 @@ def train(args) -> dict:
     rng = np.random.default_rng([args.seed, 8])
     txt_ids = torch.zeros(TEXT_LENGTH, 3)
     keys = sorted(buckets)
-    transformer.train()
-    loss_avg, step, started = None, 0, time.time()
-    while (lr := scheduled_lr(optimizer, args.lr, step, time.time() - started, args.steps, args.minutes,
-                              args.warmup)) is not None:
+    state = {"step": 0, "elapsed": 0.0}
+
+    def loss_at(step: int, fraction: float) -> tuple[torch.Tensor, dict]:
         width, height = keys[int(torch.randint(len(keys), (1,), generator=generator))]
         bucket = buckets[(width, height)]
         rows = torch.randint(len(bucket["mean"]), (args.batch,), generator=generator)
@@ -98,13 +97,10 @@ def train(args) -> dict:
         velocity = transformer(hidden_states=x_t, timestep=sigma, pooled_projections=pooled,
                                encoder_hidden_states=sequence, txt_ids=txt_ids,
                                img_ids=image_ids(height // 4, width // 4), return_dict=False)[0]
-        loss = F.mse_loss(velocity, noise - x0)
-        optimizer_step(loss, optimizer, parameters)
-        loss_avg = loss.item() if loss_avg is None else 0.98 * loss_avg + 0.02 * loss.item()
-        step += 1
-        if step % args.log_every == 0 or step == 1:
-            log_step(step, loss.item(), loss_avg, lr, started)
-    return finish(transformer, args, parameters, step, loss_avg, started, started_all)
+        return F.mse_loss(velocity, noise - x0), {}
+
+    train_adapter(transformer, optimizer, args, state, loss_at)
+    return finish(transformer, args, parameters, state, started_all)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -69,19 +69,6 @@ def ema_update(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> No
             ema_param.lerp_(param, 1.0 - decay)
 
 
-def scheduled_lr(optimizer, base_lr: float, step: int, elapsed_s: float, steps: int, minutes: float,
-                 warmup: int) -> float | None:
-    """Set the optimizer's learning rate for this step (warmup, then cosine over steps or time);
-    None once the run is over."""
-    fraction = progress_fraction(step, steps, elapsed_s, minutes)
-    if fraction >= 1.0:
-        return None
-    lr = cosine_lr(base_lr, fraction, step, warmup=warmup)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    return lr
-
-
 @dataclass(frozen=True)
 class Schedule:
     """A run's budget and learning rate: warm-up, then a cosine over the steps or the minutes,
