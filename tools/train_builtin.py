@@ -51,7 +51,7 @@ from tools.shapes_world import (
     render,
     vocabulary,
 )
-from tools.training_loop import Schedule, log, resume, run_steps, save_atomically, train_vae_stage
+from tools.training_loop import Schedule, log, resume, run_stages, run_steps, save_atomically, train_vae_stage
 
 STAGES = ("vae", "latents", "transformer", "export")
 
@@ -338,12 +338,8 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> None:
-    args = parse_args()
-    torch.set_num_threads(args.threads)
-    args.work_dir.mkdir(parents=True, exist_ok=True)
-    stages = STAGES if args.stage == "all" else (args.stage,)
-    for stage in stages:
-        {"vae": train_vae, "latents": encode_latents, "transformer": train_transformer, "export": export}[stage](args)
+    run_stages(parse_args(), {"vae": train_vae, "latents": encode_latents,
+                              "transformer": train_transformer, "export": export})
 
 
 if __name__ == "__main__":

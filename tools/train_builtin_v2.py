@@ -51,7 +51,7 @@ from tools.shapes_world_v2 import (
     vocabulary,
 )
 from tools.train_builtin import TextModels, image_ids, pack_latents, to_tensor, tokenize_all, vae_loss
-from tools.training_loop import (Schedule, log, progress_fraction, resume, run_steps, save_atomically,
+from tools.training_loop import (Schedule, log, progress_fraction, resume, run_stages, run_steps, save_atomically,
                                  train_vae_stage)
 
 STAGES = ("vae", "latents", "transformer", "export")
@@ -394,12 +394,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main() -> None:
-    args = parse_args()
-    torch.set_num_threads(args.threads)
-    args.work_dir.mkdir(parents=True, exist_ok=True)
-    stages = STAGES if args.stage == "all" else (args.stage,)
-    for stage in stages:
-        {"vae": train_vae, "latents": encode_latents, "transformer": train_transformer, "export": export}[stage](args)
+    run_stages(parse_args(), {"vae": train_vae, "latents": encode_latents,
+                              "transformer": train_transformer, "export": export})
 
 
 if __name__ == "__main__":

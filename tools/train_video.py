@@ -52,7 +52,7 @@ from tools.moving_shapes_world import (
     training_specs,
     vocabulary,
 )
-from tools.training_loop import Schedule, log, resume, run_steps, save_atomically, train_vae_stage
+from tools.training_loop import Schedule, log, resume, run_stages, run_steps, save_atomically, train_vae_stage
 from tools.video_components import (
     FLOW_SHIFT,
     TEXT_LENGTH,
@@ -481,12 +481,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    args.work_dir.mkdir(parents=True, exist_ok=True)
-    stages = STAGES if args.stage == "all" else (args.stage,)
-    for stage in stages:
-        {"vae": train_vae, "ceiling": vae_ceiling, "latents": encode_latents, "transformer": train_transformer, "export": export}[stage](args)
+    run_stages(parse_args(argv), {"vae": train_vae, "ceiling": vae_ceiling, "latents": encode_latents,
+                                  "transformer": train_transformer, "export": export})
 
 
 if __name__ == "__main__":

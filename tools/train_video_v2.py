@@ -36,7 +36,7 @@ import torch
 
 from tools.moving_shapes_world import V2_CANVASES, Canvas, caption, held_out_specs, render, training_specs
 from tools.train_video import flow_matching_loss, to_video_tensor, tokenize
-from tools.training_loop import Schedule, log, resume, run_steps, save_atomically
+from tools.training_loop import Schedule, log, resume, run_stages, run_steps, save_atomically
 from tools.video_components import build_tokenizer
 
 STAGES = ("ceiling", "latents", "transformer", "export")
@@ -207,12 +207,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    args.work_dir.mkdir(parents=True, exist_ok=True)
-    stages = STAGES if args.stage == "all" else (args.stage,)
-    for stage in stages:
-        {"ceiling": vae_ceiling, "latents": encode_latents, "transformer": train_transformer, "export": export}[stage](args)
+    run_stages(parse_args(argv), {"ceiling": vae_ceiling, "latents": encode_latents,
+                                  "transformer": train_transformer, "export": export})
 
 
 if __name__ == "__main__":

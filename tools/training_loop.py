@@ -144,3 +144,12 @@ def train_vae_stage(args, vae: torch.nn.Module, batch_at: Callable[[int, np.rand
     run_steps("vae", state, vae, optimizer, Schedule(args.vae_lr, warmup, args.vae_steps, args.vae_minutes),
               lambda step, fraction: vae_loss(vae, batch_at(step, rng), args.kl_weight), save,
               args.checkpoint_minutes, log_every=log_every)
+
+
+def run_stages(args, stages: dict[str, Callable]) -> None:
+    """A trainer's main after parsing: --threads set, --work-dir made, then --stage run (with
+    "all", every stage in order)."""
+    torch.set_num_threads(args.threads)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    for name in stages if args.stage == "all" else (args.stage,):
+        stages[name](args)
