@@ -330,16 +330,16 @@ def sweep_step_cache(model: Path, per_canvas: int, parts: int, seed: int, thresh
     def requests_for(threshold: float) -> list:
         return [replace(request, step_cache=threshold) for request in requests]
 
-    def scores(finals: list) -> dict[str, float]:
+    def means(finals: list) -> dict[str, float]:
         images = [final.images[0] for final in finals]
         table = tabulate(full, requests[:len(full)], images[:len(full)])["by_canvas"]
-        means = {a: float(np.mean([scores[a] for scores in table.values() if a in scores])) for a in ATTRIBUTES}
-        means["parts named"] = tabulate(partial, requests[len(full):], images[len(full):])["everything_named_drawn"]
-        return means
+        result = {a: float(np.mean([canvas[a] for canvas in table.values() if a in canvas])) for a in ATTRIBUTES}
+        result["parts named"] = tabulate(partial, requests[len(full):], images[len(full):])["everything_named_drawn"]
+        return result
 
     print(f"{model}: {len(full)} full captions ({per_canvas} per named canvas) and {len(partial)} with parts "
           f"left out, noise seeds from {seed}, through stepstudio's engine (step mode, batch 8)\n")
-    return print_sweep(load_pipeline(str(model)), requests_for, scores, thresholds, ["teacache"],
+    return print_sweep(load_pipeline(str(model)), requests_for, means, thresholds, ["teacache"],
                        ATTRIBUTES + ("parts named",))
 
 
