@@ -60,3 +60,27 @@ def test_the_step_cache_sweep_runs_caching_off_then_each_threshold(capsys):
     printed = capsys.readouterr().out
     assert "8 full captions (1 per named canvas) and 4 with parts left out" in printed
     assert printed.count("| teacache | 0.5 |") == 1
+
+
+def test_the_coupled_outline_is_the_outline_of_what_the_picture_draws():
+    from tools.evaluate_v2 import measure
+    from tools.shapes_world_v2 import Named, render_outline
+    from tools.train_lora_v2 import outline_of_drawn
+
+    cases = canvas_cases(4, 4321)
+    for _, scene, named in cases:
+        outline = outline_of_drawn(scene, named, render(scene))
+        seen, drawn = measure(outline), measure(render(scene))
+        assert seen.outlined is True
+        assert (seen.shape, seen.color, seen.background) == (drawn.shape, drawn.color, drawn.background)
+        # the ring lies on the drawing's box (a triangle's box reads a pixel or two inside its tip and corners)
+        assert max(abs(a - b) for a, b in zip(seen.box, drawn.box)) <= (2.0 if scene.shape == "triangle" else 0.0)
+    _, scene, named = cases[0]
+    assert outline_of_drawn(scene, named, Image.new("RGB", (scene.width, scene.height), (0, 0, 0))) is None
+    other = next(s for _, s, _ in cases if s.width == scene.width and s.color != scene.color)
+    assert outline_of_drawn(scene, Named(), render(other)) is None  # a part the caption names is missed
+    # a drawing stretched out of its square box is outlined stretched
+    left, top, right, bottom = scene.box
+    wide = render_outline(scene, box=(left - 4, top, right + 4, bottom))
+    seen_box = measure(wide).box
+    assert abs((seen_box[2] - seen_box[0]) - (right - left + 8)) <= 1.0

@@ -207,3 +207,35 @@ def test_train_lora_v2_smoke_run_writes_a_file_the_v2_model_loads(tmp_path):
         engine.close()
     assert list(table) == [label for label, _, _ in cases]
     assert all(rates["without"] == 0.0 and 0.0 <= rates["with"] <= 1.0 for rates in table.values())
+
+
+def test_coupled_outlines_pair_the_v2_models_own_noise_with_outlines_of_what_it_drew(tmp_path):
+    """tools/train_lora_v2.py --coupled: each kept row is stored noise, the caption the model drew
+    from it, and an outline picture; a smoke run on them writes an adapter."""
+    pytest.importorskip("peft", reason="tools/train_lora_v2.py adds the adapter with PEFT (pip install -e '.[test]')")
+    import argparse
+
+    from pipelines.loader import BUILTIN_V2_MODEL_DIR
+    from tools.evaluate_v2 import measure as measure_v2
+    from tools.train_builtin import pack_latents
+    from tools.train_lora import frozen_pipeline
+    from tools.train_lora_v2 import couple_outlines, main
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        pipe, _, _ = frozen_pipeline(argparse.Namespace(model=BUILTIN_V2_MODEL_DIR, seed=0))
+        buckets = couple_outlines(pipe, 4, 0, [(64, 64), (96, 64)], guidance=3.0)
+        for (width, height), bucket in buckets.items():
+            assert 1 <= len(bucket["texts"]) == len(bucket["noise"]) == len(bucket["mean"]) <= 4
+            assert bucket["noise"].shape[1:] == pack_latents(bucket["mean"]).shape[1:]
+            with torch.no_grad():
+                decoded = pipe.image_processor.postprocess(pipe.vae.decode(bucket["mean"]).sample)
+            assert all(image.size == (width, height) and measure_v2(image).outlined is True for image in decoded)
+        summary = main(["--coupled", "2", "--canvases", "2", "--steps", "2", "--batch", "2", "--rank", "4",
+                        "--threads", "1", "--log-every", "1000", "--out", str(tmp_path / "x.safetensors")])
+    finally:
+        torch.set_num_threads(threads)
+    assert summary["steps"] == 2
+    with safe_open(str(tmp_path / "x.safetensors"), "pt") as adapter:
+        assert any(key.endswith("lora_A.weight") for key in adapter.keys())

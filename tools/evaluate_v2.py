@@ -75,6 +75,7 @@ class Seen:
     size: str | None = None
     centre: tuple[float, float] | None = None
     outlined: bool | None = None
+    box: tuple[float, float, float, float] | None = None  # left, top, right, bottom (pixels)
 
 
 def measure(image: Image.Image) -> Seen:
@@ -98,6 +99,7 @@ def measure(image: Image.Image) -> Seen:
         size="large" if side / min(width, height) > SIZE_THRESHOLD_FRACTION else "small",
         centre=(cx, cy),
         outlined=classify_outline(pixels, mask, filled, background),
+        box=box,
     )
 
 

@@ -201,12 +201,14 @@ def render(scene: Scene) -> Image.Image:
     return image.resize((scene.width, scene.height), Image.Resampling.BOX)
 
 
-def render_outline(scene: Scene, thickness: float = OUTLINE_THICKNESS_PIXELS) -> Image.Image:
+def render_outline(scene: Scene, thickness: float = OUTLINE_THICKNESS_PIXELS,
+                   box: tuple[float, float, float, float] | None = None) -> Image.Image:
     """`scene` as the outline adapter draws it: the shape's border `thickness` pixels wide in its
-    colour, its inside the background (tools/train_lora_v2.py)."""
+    colour, its inside the background (tools/train_lora_v2.py); `box` (pixels) instead of the
+    scene's square one draws it stretched to that box."""
     big = (scene.width * _SUPERSAMPLE, scene.height * _SUPERSAMPLE)
     image = Image.new("RGB", big, PALETTE[scene.background])
-    box = tuple(v * _SUPERSAMPLE for v in scene.box)
+    box = tuple(v * _SUPERSAMPLE for v in (box or scene.box))
     draw_outline(ImageDraw.Draw(image), scene.shape, box, thickness * _SUPERSAMPLE, PALETTE[scene.color],
                  PALETTE[scene.background])
     return image.resize((scene.width, scene.height), Image.Resampling.BOX)
@@ -260,8 +262,14 @@ def caption(scene: Scene, named: Named = Named(), phrase_position: bool = False,
 def random_caption(scene: Scene, rng: np.random.Generator, drop: float = 0.35, name_color: bool = False) -> str:
     """A training caption: each part left out with probability `drop` (about one in four
     captions names everything), and the phrasings varied; `name_color` always names the colour."""
+    return random_named_caption(scene, rng, drop, name_color)[1]
+
+
+def random_named_caption(scene: Scene, rng: np.random.Generator, drop: float = 0.35,
+                         name_color: bool = False) -> tuple[Named, str]:
+    """random_caption's caption and which parts it names."""
     keep = rng.random(5) >= drop
     named = Named(size=bool(keep[0]), color=bool(keep[1]) or name_color, shape=bool(keep[2]),
                   background=bool(keep[3]), position=bool(keep[4]))
-    return caption(scene, named, phrase_position=bool(rng.random() < 0.5),
-                   short_background=bool(rng.random() < 0.2), bare=bool(rng.random() < 0.2))
+    return named, caption(scene, named, phrase_position=bool(rng.random() < 0.5),
+                          short_background=bool(rng.random() < 0.2), bare=bool(rng.random() < 0.2))

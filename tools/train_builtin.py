@@ -53,7 +53,6 @@ from tools.shapes_world import (
 )
 from tools.training_loop import Schedule, log, resume, run_stages, run_steps, save_atomically, train_vae_stage
 
-STAGES = ("vae", "latents", "transformer", "export")
 
 
 def to_tensor(images) -> torch.Tensor:
@@ -309,9 +308,13 @@ def export(args) -> None:
 # ----------------------------------------------------------------------------- CLI
 
 
+# --stage's choices, in the order --stage all runs them.
+STAGES = {"vae": train_vae, "latents": encode_latents, "transformer": train_transformer, "export": export}
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stage", choices=STAGES + ("all",), default="all")
+    parser.add_argument("--stage", choices=(*STAGES, "all"), default="all")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("assets/shapes-flux"))
     parser.add_argument("--work-dir", type=Path, default=Path("/work/train_ckpt"), help="checkpoints, outside the repo")
@@ -338,8 +341,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> None:
-    run_stages(parse_args(), {"vae": train_vae, "latents": encode_latents,
-                              "transformer": train_transformer, "export": export})
+    run_stages(parse_args(), STAGES)
 
 
 if __name__ == "__main__":

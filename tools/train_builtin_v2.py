@@ -54,8 +54,9 @@ from tools.train_builtin import TextModels, image_ids, pack_latents, to_tensor, 
 from tools.training_loop import (Schedule, log, progress_fraction, resume, run_stages, run_steps, save_atomically,
                                  train_vae_stage)
 
-STAGES = ("vae", "latents", "transformer", "export")
 CANVASES: tuple[tuple[int, int], ...] = tuple((w, h) for w in CANVAS_SIDES for h in CANVAS_SIDES)
+# Canvases whose long side is at least this many times the short one count as wide (56 of 121).
+WIDE_ASPECT = 1.4
 
 
 def image_tokens(width: int, height: int) -> int:
@@ -232,8 +233,17 @@ def train_transformer(args) -> None:
 
     txt_ids = torch.zeros(TEXT_LENGTH, 3)
 
+    wide = [canvas for canvas in canvases if max(canvas) >= WIDE_ASPECT * min(canvas)]
+
+    def pick_canvas() -> tuple[int, int]:
+        # --wide-rate: a share of batches from the far-from-square canvases, where a shape's box
+        # drifts towards the canvas's own aspect; 0 keeps the uniform draw (and its random stream).
+        if args.wide_rate and rng.random() < args.wide_rate:
+            return wide[int(torch.randint(len(wide), (1,), generator=generator))]
+        return canvases[int(torch.randint(len(canvases), (1,), generator=generator))]
+
     def loss_at(step: int, fraction: float) -> tuple[torch.Tensor, dict]:
-        width, height = canvases[int(torch.randint(len(canvases), (1,), generator=generator))]
+        width, height = pick_canvas()
         bucket = buckets[(width, height)]
         rows = torch.randint(len(bucket["mean"]), (args.batch,), generator=generator)
         mean, logvar = bucket["mean"][rows].float(), bucket["logvar"][rows].float()
@@ -347,6 +357,7 @@ def export(args, checkpoint: Path | None = None, out: Path | None = None) -> Non
                      "transformer_minutes": round(saved["state"]["elapsed"] / 60, 1),
                      "weights": "raw" if args.export_raw else "ema",
                      "init_from": str(args.init_from) if args.init_from else None, "recolor_rate": args.recolor_rate,
+                     "wide_rate": args.wide_rate,
                      "blocks": list(blocks)},
     }
     (out / "stepstudio.json").write_text(json.dumps(defaults, indent=2) + "\n")
@@ -356,9 +367,13 @@ def export(args, checkpoint: Path | None = None, out: Path | None = None) -> Non
 # ----------------------------------------------------------------------------- CLI
 
 
+# --stage's choices, in the order --stage all runs them.
+STAGES = {"vae": train_vae, "latents": encode_latents, "transformer": train_transformer, "export": export}
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stage", choices=STAGES + ("all",), default="all")
+    parser.add_argument("--stage", choices=(*STAGES, "all"), default="all")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("assets/shapes-flux"))
     parser.add_argument("--work-dir", type=Path, default=Path("/work/train_v2"), help="checkpoints, outside the repo")
@@ -388,14 +403,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sigma-std", type=float, default=1.0)
     parser.add_argument("--recolor-rate", type=float, default=0.0,
                         help="share of rows trained as image-to-image from the scene in another colour")
+    parser.add_argument("--wide-rate", type=float, default=0.0,
+                        help=f"share of batches drawn from the canvases at least {WIDE_ASPECT}:1 (0: all alike)")
     parser.add_argument("--guidance-scale", type=float, default=3.0, help="true-CFG default written to stepstudio.json")
     parser.add_argument("--export-raw", action="store_true", help="export the raw weights instead of the EMA")
     return parser.parse_args(argv)
 
 
 def main() -> None:
-    run_stages(parse_args(), {"vae": train_vae, "latents": encode_latents,
-                              "transformer": train_transformer, "export": export})
+    run_stages(parse_args(), STAGES)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,11 @@ The recipe of the v1 adapter (tools/train_lora.py, whose helpers it uses) on the
   model's: filled or ring is decided early);
 - adapter: PEFT LoRA on the transformer only (base weights and text encoders frozen), saved with
   `FluxPipeline.save_lora_weights` and its LoraConfig, float16.
+- --coupled N (reflow's coupling): instead of outlines of random scenes under fresh noise, N
+  pictures per canvas that the base model itself draws from stored noise (`couple_outlines`), each
+  redrawn as the outline of the shape it shows and trained under that same noise. Trained with
+  independent noise, the adapter has to decide a new layout from pure noise, and draws strokes
+  and combs; coupled, it only has to hollow out the shape the base model was going to draw.
 
     python -m tools.train_lora_v2 --seed 0 --steps 2400 --out assets/loras/shapes-flux-v2/outline.safetensors
 
@@ -31,9 +36,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from tools.builtin_components import TEXT_LENGTH
-from tools.shapes_world_v2 import Scene, random_caption, random_scene, render_outline
+from tools.evaluate_v2 import measure, score
+from tools.shapes_world_v2 import Scene, random_caption, random_named_caption, random_scene, render_outline
 from tools.train_builtin import image_ids, pack_latents, to_tensor
 from tools.train_builtin_v2 import CANVASES, image_tokens, schedule_mu, scene_of
 from tools.train_lora import (
@@ -65,12 +72,73 @@ def encode_outlines(vae, per_canvas: int, seed: int, canvases=CANVASES) -> dict:
     return buckets
 
 
+@torch.no_grad()
+def couple_outlines(pipe, per_canvas: int, seed: int, canvases, guidance: float, steps: int = 20,
+                    chunk: int = 16) -> dict:
+    """{(width, height): {"mean", "logvar", "noise", "texts"}}: on each canvas, the base model's
+    pictures from `per_canvas` random captions, each from noise drawn here (the packed initial
+    latents, kept), redrawn as the outline of the shape the picture shows. A picture is kept only
+    if it draws everything its caption names (tools/evaluate_v2.score); the outline takes the
+    drawn shape, colours and box (stretched where the drawing is)."""
+    rng = np.random.default_rng([seed, 9])
+    generator = torch.Generator().manual_seed(seed)
+    pipe.set_progress_bar_config(disable=True)
+    channels = pipe.transformer.config.in_channels // 4
+    buckets = {}
+    for width, height in canvases:
+        asked = [random_scene(rng, width, height) for _ in range(per_canvas)]
+        captions = [random_named_caption(scene, rng) for scene in asked]
+        noise = torch.cat([pipe.prepare_latents(min(chunk, per_canvas - start), channels, height, width, torch.float32,
+                                                "cpu", generator)[0] for start in range(0, per_canvas, chunk)])
+        images = []
+        for start in range(0, per_canvas, chunk):
+            texts = [text for _, text in captions[start : start + chunk]]
+            images += pipe(prompt=texts, negative_prompt=[""] * len(texts), true_cfg_scale=guidance, height=height,
+                           width=width, num_inference_steps=steps, max_sequence_length=TEXT_LENGTH,
+                           latents=noise[start : start + chunk]).images
+        kept, outlines = [], []
+        for index, (scene, (named, _), image) in enumerate(zip(asked, captions, images)):
+            outline = outline_of_drawn(scene, named, image)
+            if outline is not None:
+                kept.append(index)
+                outlines.append(outline)
+        log(f"coupled: {width}x{height}: {len(kept)} of {per_canvas} pictures kept")
+        if not kept:
+            continue
+        posterior = pipe.vae.encode(to_tensor(outlines)).latent_dist
+        buckets[(width, height)] = {"mean": posterior.mean, "logvar": posterior.logvar, "noise": noise[kept],
+                                    "texts": [captions[i][1] for i in kept]}
+    return buckets
+
+
+def outline_of_drawn(scene: Scene, named, image) -> Image.Image | None:
+    """The outline of what `image` (the base model's drawing of `scene`'s caption) shows, or None
+    where it misses a part the caption names."""
+    seen = measure(image)
+    if seen.shape is None or not all(score(scene, named, image).values()):
+        return None
+    left, top, right, bottom = seen.box  # a triangle's reads a pixel or two inside its tip and corners
+    try:
+        drawn = Scene(scene.width, scene.height, seen.shape, seen.color, seen.background,
+                      max(right - left, bottom - top), (left + right) / 2.0, (top + bottom) / 2.0)
+    except ValueError:  # the shape drawn in the background's colour: nothing to outline
+        return None
+    return render_outline(drawn, box=seen.box)
+
+
 def train(args) -> dict:
     started_all = time.time()
     pipe, shift, scale = frozen_pipeline(args)
     canvases = CANVASES if args.canvases is None else CANVASES[:: max(1, len(CANVASES) // args.canvases)]
-    buckets = encode_outlines(pipe.vae, args.per_canvas, args.seed, canvases)
-    log(f"data: {len(buckets)} canvases x {args.per_canvas} outline scenes, {time.time() - started_all:.0f} s")
+    if args.coupled:
+        buckets = couple_outlines(pipe, args.coupled, args.seed, canvases, args.guidance_scale)
+        kept = sum(len(bucket["texts"]) for bucket in buckets.values())
+        if not kept:
+            raise SystemExit("--coupled: the base model drew no caption right on these canvases; nothing to train on")
+        log(f"data: {len(buckets)} canvases, {kept} coupled outlines, {time.time() - started_all:.0f} s")
+    else:
+        buckets = encode_outlines(pipe.vae, args.per_canvas, args.seed, canvases)
+        log(f"data: {len(buckets)} canvases x {args.per_canvas} outline scenes, {time.time() - started_all:.0f} s")
 
     transformer = pipe.transformer
     parameters = with_adapter(transformer, args)
@@ -87,12 +155,18 @@ def train(args) -> dict:
         rows = torch.randint(len(bucket["mean"]), (args.batch,), generator=generator)
         std = (0.5 * bucket["logvar"][rows]).exp()
         x0 = pack_latents((bucket["mean"][rows] + std * torch.randn(std.shape, generator=generator) - shift) * scale)
-        scenes: list[Scene] = [scene_of(bucket["scenes"][int(row)], width, height) for row in rows]
-        texts = ["" if rng.random() < args.empty_caption_rate else random_caption(scene, rng) for scene in scenes]
+        if args.coupled:  # each row's own caption and noise; empty captions under fresh noise
+            texts = ["" if rng.random() < args.empty_caption_rate else bucket["texts"][int(row)] for row in rows]
+        else:
+            scenes: list[Scene] = [scene_of(bucket["scenes"][int(row)], width, height) for row in rows]
+            texts = ["" if rng.random() < args.empty_caption_rate else random_caption(scene, rng) for scene in scenes]
         pooled, sequence = encode_texts(pipe, texts)
         mu = schedule_mu(image_tokens(width, height)) + args.sigma_offset
         sigma = torch.sigmoid(mu + args.sigma_std * torch.randn(args.batch, generator=generator))
         noise = torch.randn(x0.shape, generator=generator)
+        if args.coupled:
+            coupled = torch.tensor([text != "" for text in texts])
+            noise[coupled] = bucket["noise"][rows][coupled]
         x_t = (1.0 - sigma[:, None, None]) * x0 + sigma[:, None, None] * noise
         velocity = transformer(hidden_states=x_t, timestep=sigma, pooled_projections=pooled,
                                encoder_hidden_states=sequence, txt_ids=txt_ids,
@@ -109,6 +183,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--canvases", type=int, default=None, help="train on about this many canvases (smoke tests)")
     parser.add_argument("--sigma-offset", type=float, default=0.5,
                         help="added to the schedule's shift for the noise level's logit-normal mean")
+    parser.add_argument("--coupled", type=int, default=0,
+                        help="per canvas, the base model's own pictures as outlines under their noise (0: off)")
+    parser.add_argument("--guidance-scale", type=float, default=3.0, help="true CFG of the --coupled pictures")
     parser.add_argument("--threads", type=int, default=2)
     return checked(parser, argv)
 

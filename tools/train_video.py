@@ -63,7 +63,6 @@ from tools.video_components import (
     build_vae,
 )
 
-STAGES = ("vae", "ceiling", "latents", "transformer", "export")
 
 
 def to_video_tensor(clips: list[list]) -> torch.Tensor:
@@ -438,9 +437,14 @@ def export(args) -> None:
 # ----------------------------------------------------------------------------- CLI
 
 
+# --stage's choices, in the order --stage all runs them.
+STAGES = {"vae": train_vae, "ceiling": vae_ceiling, "latents": encode_latents, "transformer": train_transformer,
+          "export": export}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stage", choices=STAGES + ("all",), default="all")
+    parser.add_argument("--stage", choices=(*STAGES, "all"), default="all")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("assets/shapes-wan"))
     parser.add_argument("--work-dir", type=Path, default=Path("/work/train-video"), help="checkpoints, outside the repo")
@@ -481,8 +485,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_stages(parse_args(argv), {"vae": train_vae, "ceiling": vae_ceiling, "latents": encode_latents,
-                                  "transformer": train_transformer, "export": export})
+    run_stages(parse_args(argv), STAGES)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,6 @@ from tools.train_video import flow_matching_loss, to_video_tensor, tokenize
 from tools.training_loop import Schedule, log, resume, run_stages, run_steps, save_atomically
 from tools.video_components import build_tokenizer
 
-STAGES = ("ceiling", "latents", "transformer", "export")
 DEFAULT_INIT = Path("assets/shapes-wan")
 
 
@@ -179,9 +178,13 @@ def export(args) -> None:
     log(f"export: wrote {args.out} (step {saved['state']['step']}, {'raw' if args.export_raw else 'EMA'} weights)")
 
 
+# --stage's choices, in the order --stage all runs them.
+STAGES = {"ceiling": vae_ceiling, "latents": encode_latents, "transformer": train_transformer, "export": export}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stage", choices=STAGES + ("all",), default="all")
+    parser.add_argument("--stage", choices=(*STAGES, "all"), default="all")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init-from", type=Path, default=DEFAULT_INIT, help="the shapes-wan folder to start from")
     parser.add_argument("--out", type=Path, default=Path("assets/shapes-wan-v2"))
@@ -207,8 +210,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_stages(parse_args(argv), {"ceiling": vae_ceiling, "latents": encode_latents,
-                                  "transformer": train_transformer, "export": export})
+    run_stages(parse_args(argv), STAGES)
 
 
 if __name__ == "__main__":
