@@ -18,9 +18,9 @@ The recipe of the v1 adapter (tools/train_lora.py, whose helpers it uses) on the
   `FluxPipeline.save_lora_weights` and its LoraConfig, float16.
 - --coupled N (reflow's coupling): instead of outlines of random scenes under fresh noise, N
   pictures per canvas that the base model itself draws from stored noise (`couple_outlines`), each
-  redrawn as the outline of the shape it shows and trained under that same noise. Trained with
-  independent noise, the adapter has to decide a new layout from pure noise, and draws strokes
-  and combs; coupled, it only has to hollow out the shape the base model was going to draw.
+  redrawn as the outline of the shape it shows and trained under that same noise, so the adapter
+  is asked only to hollow out the shape the base model was going to draw there, not to pick a
+  layout from pure noise. docs/models.md has what each recipe measured.
 
     python -m tools.train_lora_v2 --seed 0 --steps 2400 --out assets/loras/shapes-flux-v2/outline.safetensors
 
@@ -40,9 +40,16 @@ from PIL import Image
 
 from tools.builtin_components import TEXT_LENGTH
 from tools.evaluate_v2 import measure, score
-from tools.shapes_world_v2 import Scene, random_caption, random_named_caption, random_scene, render_outline
+from tools.shapes_world import OUTLINE_THICKNESS_PIXELS
+from tools.shapes_world_v2 import (
+    Scene,
+    random_caption,
+    random_named_caption,
+    random_scene,
+    render_outline,
+)
 from tools.train_builtin import image_ids, pack_latents, to_tensor
-from tools.train_builtin_v2 import CANVASES, image_tokens, schedule_mu, scene_of
+from tools.train_builtin_v2 import CANVASES, image_tokens, scene_of, schedule_mu
 from tools.train_lora import (
     checked,
     encode_texts,
@@ -118,6 +125,8 @@ def outline_of_drawn(scene: Scene, named, image) -> Image.Image | None:
     if seen.shape is None or not all(score(scene, named, image).values()):
         return None
     left, top, right, bottom = seen.box  # a triangle's reads a pixel or two inside its tip and corners
+    if min(right - left, bottom - top) < 3 * OUTLINE_THICKNESS_PIXELS:  # a speck: too small to hold a ring
+        return None
     try:
         drawn = Scene(scene.width, scene.height, seen.shape, seen.color, seen.background,
                       max(right - left, bottom - top), (left + right) / 2.0, (top + bottom) / 2.0)
