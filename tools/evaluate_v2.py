@@ -105,7 +105,11 @@ def measure(image: Image.Image) -> Seen:
 
 def score(scene: Scene, named: Named, image: Image.Image) -> dict[str, bool]:
     """For each attribute the caption named: whether the image shows it."""
-    seen = measure(image)
+    return score_seen(scene, named, measure(image))
+
+
+def score_seen(scene: Scene, named: Named, seen: Seen) -> dict[str, bool]:
+    """score, from what an image was measured to show."""
     truth = {"color": scene.color, "shape": scene.shape, "background": scene.background,
              "position": scene.position_word(), "size": scene.size_word()}
     return {attribute: getattr(seen, attribute) == truth[attribute] for attribute in ATTRIBUTES

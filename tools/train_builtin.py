@@ -54,7 +54,6 @@ from tools.shapes_world import (
 from tools.training_loop import Schedule, log, resume, run_stages, run_steps, save_atomically, train_vae_stage
 
 
-
 def to_tensor(images) -> torch.Tensor:
     """PIL images -> [B, 3, H, W] in [-1, 1] (the pipeline's VaeImageProcessor convention)."""
     array = np.stack([np.asarray(image, dtype=np.float32) for image in images])

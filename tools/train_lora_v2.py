@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from tools.builtin_components import TEXT_LENGTH
-from tools.evaluate_v2 import measure, score
+from tools.evaluate_v2 import measure, score_seen
 from tools.shapes_world import OUTLINE_THICKNESS_PIXELS
 from tools.shapes_world_v2 import (
     Scene,
@@ -95,14 +95,14 @@ def couple_outlines(pipe, per_canvas: int, seed: int, canvases, guidance: float,
     for width, height in canvases:
         asked = [random_scene(rng, width, height) for _ in range(per_canvas)]
         captions = [random_named_caption(scene, rng) for scene in asked]
-        noise = torch.cat([pipe.prepare_latents(min(chunk, per_canvas - start), channels, height, width, torch.float32,
-                                                "cpu", generator)[0] for start in range(0, per_canvas, chunk)])
-        images = []
+        noises, images = [], []
         for start in range(0, per_canvas, chunk):
             texts = [text for _, text in captions[start : start + chunk]]
+            noises.append(pipe.prepare_latents(len(texts), channels, height, width, torch.float32, "cpu", generator)[0])
             images += pipe(prompt=texts, negative_prompt=[""] * len(texts), true_cfg_scale=guidance, height=height,
                            width=width, num_inference_steps=steps, max_sequence_length=TEXT_LENGTH,
-                           latents=noise[start : start + chunk]).images
+                           latents=noises[-1]).images
+        noise = torch.cat(noises)
         kept, outlines = [], []
         for index, (scene, (named, _), image) in enumerate(zip(asked, captions, images)):
             outline = outline_of_drawn(scene, named, image)
@@ -122,7 +122,7 @@ def outline_of_drawn(scene: Scene, named, image) -> Image.Image | None:
     """The outline of what `image` (the base model's drawing of `scene`'s caption) shows, or None
     where it misses a part the caption names."""
     seen = measure(image)
-    if seen.shape is None or not all(score(scene, named, image).values()):
+    if seen.shape is None or not all(score_seen(scene, named, seen).values()):
         return None
     left, top, right, bottom = seen.box  # a triangle's reads a pixel or two inside its tip and corners
     if min(right - left, bottom - top) < 3 * OUTLINE_THICKNESS_PIXELS:  # a speck: too small to hold a ring

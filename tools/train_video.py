@@ -64,7 +64,6 @@ from tools.video_components import (
 )
 
 
-
 def to_video_tensor(clips: list[list]) -> torch.Tensor:
     """Clips of PIL frames -> [B, 3, T, H, W] in [-1, 1] (WanPipeline's VideoProcessor convention)."""
     array = np.stack([np.stack([np.asarray(frame, dtype=np.float32) for frame in clip]) for clip in clips])
