@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from tools.builtin_components import build_clip_tokenizer, build_t5_tokenizer, build_transformer
-from tools.shapes_world_v2 import random_scene, render, vocabulary
+from tools.shapes_world_v2 import CANVAS_SIDES, random_scene, render, vocabulary
 from tools.train_builtin import TextModels, to_tensor, tokenize_all
-from tools.train_builtin_v2 import export, initialize_from, latent_normalization, load_vae, parse_args, train_transformer
+from tools.train_builtin_v2 import SMALL_AREA, WIDE_ASPECT, canvas_picker, export, initialize_from, latent_normalization, load_vae, parse_args, train_transformer
 
 V1 = Path(__file__).resolve().parent.parent / "assets" / "shapes-flux"
 
@@ -122,3 +122,27 @@ def test_a_grown_run_trains_and_exports_a_deeper_transformer_the_stock_pipeline_
     image = pipe("a red circle", width=96, height=64, num_inference_steps=2, max_sequence_length=16,
                  output_type="np", generator=torch.Generator().manual_seed(0)).images
     assert image.shape == (1, 64, 96, 3)
+
+
+def picks(wide_rate: float, small_rate: float, count: int = 400) -> list[tuple[int, int]]:
+    canvases = [(width, height) for width in CANVAS_SIDES for height in CANVAS_SIDES]
+    pick = canvas_picker(canvases, wide_rate, small_rate, np.random.default_rng(0), torch.Generator().manual_seed(0))
+    return [pick() for _ in range(count)]
+
+
+def test_the_canvas_rates_draw_their_share_from_their_canvases():
+    uniform = picks(0.0, 0.0)
+    generator = torch.Generator().manual_seed(0)
+    assert uniform == [(CANVAS_SIDES[i // 11], CANVAS_SIDES[i % 11])  # the plain draw, untouched by the rates
+                       for i in (int(torch.randint(121, (1,), generator=generator)) for _ in range(400))]
+    assert sum(w * h <= SMALL_AREA for w, h in uniform) < 100  # 15 of 121 canvases: ~50 of 400
+
+    assert all(w * h <= SMALL_AREA for w, h in picks(0.0, 1.0))
+    assert sorted(set(picks(0.0, 1.0))) == [(48, 48), (48, 56), (48, 64), (48, 72), (48, 80), (56, 48), (56, 56),
+                                            (56, 64), (56, 72), (64, 48), (64, 56), (64, 64), (72, 48), (72, 56),
+                                            (80, 48)]
+    assert all(max(c) >= WIDE_ASPECT * min(c) for c in picks(1.0, 0.0))
+    mixed = picks(0.3, 0.3)
+    small_share = sum(w * h <= SMALL_AREA for w, h in mixed) / len(mixed)
+    wide_share = sum(max(w, h) >= WIDE_ASPECT * min(w, h) for w, h in mixed) / len(mixed)
+    assert 0.3 < small_share < 0.5 and 0.45 < wide_share < 0.75  # each pool's share plus its part of the rest

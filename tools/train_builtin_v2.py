@@ -57,6 +57,9 @@ from tools.training_loop import (Schedule, log, progress_fraction, resume, run_s
 CANVASES: tuple[tuple[int, int], ...] = tuple((w, h) for w in CANVAS_SIDES for h in CANVAS_SIDES)
 # Canvases whose long side is at least this many times the short one count as wide (56 of 121).
 WIDE_ASPECT = 1.4
+# Canvases of at most this many pixels count as small (15 of 121: 48x48 to 64x64, 80x48): a small
+# shape there spans about one token, and the sampler drops it more often than anywhere else.
+SMALL_AREA = 64 * 64
 
 
 def image_tokens(width: int, height: int) -> int:
@@ -197,6 +200,27 @@ def scene_of(row: tuple, width: int, height: int) -> Scene:
     return Scene(width, height, shape, color, background, side, cx, cy)
 
 
+def canvas_picker(canvases: list[tuple[int, int]], wide_rate: float, small_rate: float, rng: np.random.Generator,
+                  generator: torch.Generator):
+    """Each batch's canvas. --wide-rate: a share of batches from the far-from-square canvases, where
+    a shape's box drifts towards the canvas's own aspect; --small-rate: from the smallest canvases,
+    where a small shape is most often left out; the rest (all, with both 0: the uniform draw and its
+    random stream as before either existed) from every canvas alike."""
+    wide = [canvas for canvas in canvases if max(canvas) >= WIDE_ASPECT * min(canvas)]
+    small = [canvas for canvas in canvases if canvas[0] * canvas[1] <= SMALL_AREA]
+
+    def pick_canvas() -> tuple[int, int]:
+        if wide_rate or small_rate:
+            draw = rng.random()
+            for share, pool in ((wide_rate, wide), (small_rate, small)):
+                if draw < share:
+                    return pool[int(torch.randint(len(pool), (1,), generator=generator))]
+                draw -= share
+        return canvases[int(torch.randint(len(canvases), (1,), generator=generator))]
+
+    return pick_canvas
+
+
 def train_transformer(args) -> None:
     checkpoint = args.work_dir / "transformer.pt"
     data = torch.load(args.work_dir / "latents.pt", weights_only=False)
@@ -233,14 +257,7 @@ def train_transformer(args) -> None:
 
     txt_ids = torch.zeros(TEXT_LENGTH, 3)
 
-    wide = [canvas for canvas in canvases if max(canvas) >= WIDE_ASPECT * min(canvas)]
-
-    def pick_canvas() -> tuple[int, int]:
-        # --wide-rate: a share of batches from the far-from-square canvases, where a shape's box
-        # drifts towards the canvas's own aspect; 0 keeps the uniform draw (and its random stream).
-        if args.wide_rate and rng.random() < args.wide_rate:
-            return wide[int(torch.randint(len(wide), (1,), generator=generator))]
-        return canvases[int(torch.randint(len(canvases), (1,), generator=generator))]
+    pick_canvas = canvas_picker(canvases, args.wide_rate, args.small_rate, rng, generator)
 
     def loss_at(step: int, fraction: float) -> tuple[torch.Tensor, dict]:
         width, height = pick_canvas()
@@ -357,7 +374,7 @@ def export(args, checkpoint: Path | None = None, out: Path | None = None) -> Non
                      "transformer_minutes": round(saved["state"]["elapsed"] / 60, 1),
                      "weights": "raw" if args.export_raw else "ema",
                      "init_from": str(args.init_from) if args.init_from else None, "recolor_rate": args.recolor_rate,
-                     "wide_rate": args.wide_rate,
+                     "wide_rate": args.wide_rate, "small_rate": args.small_rate,
                      "blocks": list(blocks)},
     }
     (out / "stepstudio.json").write_text(json.dumps(defaults, indent=2) + "\n")
@@ -405,6 +422,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="share of rows trained as image-to-image from the scene in another colour")
     parser.add_argument("--wide-rate", type=float, default=0.0,
                         help=f"share of batches drawn from the canvases at least {WIDE_ASPECT}:1 (0: all alike)")
+    parser.add_argument("--small-rate", type=float, default=0.0,
+                        help=f"share of batches drawn from the canvases of at most {SMALL_AREA} pixels (0: all alike)")
     parser.add_argument("--guidance-scale", type=float, default=3.0, help="true-CFG default written to stepstudio.json")
     parser.add_argument("--export-raw", action="store_true", help="export the raw weights instead of the EMA")
     return parser.parse_args(argv)
