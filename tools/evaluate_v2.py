@@ -351,7 +351,8 @@ def sweep_step_cache(model: Path, per_canvas: int, parts: int, seed: int, thresh
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=Path("assets/shapes-flux"))
+    parser.add_argument("--model", type=Path, default=Path(__file__).resolve().parent.parent / "assets" / "shapes-flux-v2",
+                        help="the model's diffusers folder (default: the shipped shapes-flux v2)")
     parser.add_argument("--per-canvas", type=int, default=30, help="full-caption prompts per named canvas")
     parser.add_argument("--parts", type=int, default=96, help="prompts with parts left out")
     parser.add_argument("--pictures", type=int, default=48, help="pictures for image to image and inpainting")
