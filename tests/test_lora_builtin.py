@@ -226,6 +226,7 @@ def test_coupled_outlines_pair_the_v2_models_own_noise_with_outlines_of_what_it_
     try:
         pipe, _, _ = frozen_pipeline(argparse.Namespace(model=BUILTIN_V2_MODEL_DIR, seed=0))
         buckets = couple_outlines(pipe, 4, 0, [(64, 64), (96, 64)], guidance=3.0)
+        assert buckets  # at least one canvas kept a picture (64x64 keeps 3 of 4 with today's weights)
         for (width, height), bucket in buckets.items():
             assert 1 <= len(bucket["texts"]) == len(bucket["noise"]) == len(bucket["mean"]) <= 4
             assert bucket["noise"].shape[1:] == pack_latents(bucket["mean"]).shape[1:]

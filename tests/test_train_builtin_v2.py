@@ -93,11 +93,10 @@ def test_recoloured_rows_start_from_the_other_colour_and_target_the_captions():
 
 
 def test_a_grown_run_trains_and_exports_a_deeper_transformer_the_stock_pipeline_loads(tmp_path):
-    """--blocks 3 5 from v2's folder (2 + 4 blocks): two steps on two canvases, then the export."""
-    v2 = V1.parent / "shapes-flux-v2"
+    """--blocks 3 5 from v1's folder (2 + 4 blocks): two steps on two canvases, then the export."""
     work, out = tmp_path / "work", tmp_path / "out"
     work.mkdir()
-    args = parse_args(["--work-dir", str(work), "--out", str(out), "--vae-from", str(V1), "--init-from", str(v2),
+    args = parse_args(["--work-dir", str(work), "--out", str(out), "--vae-from", str(V1), "--init-from", str(V1),
                        "--blocks", "3", "5", "--steps", "2", "--max-minutes", "0", "--batch", "2", "--warmup", "1"])
     # The latents stage encodes 121 canvases; three scenes on two canvases suffice here.
     vae, rng, buckets = load_vae(args), np.random.default_rng(0), {}
