@@ -14,7 +14,8 @@ import torch
 from tools.builtin_components import build_clip_tokenizer, build_t5_tokenizer, build_transformer
 from tools.shapes_world_v2 import CANVAS_SIDES, random_scene, render, vocabulary
 from tools.train_builtin import TextModels, to_tensor, tokenize_all
-from tools.train_builtin_v2 import SMALL_AREA, WIDE_ASPECT, canvas_picker, export, initialize_from, latent_normalization, load_vae, parse_args, train_transformer
+from tools.train_builtin_v2 import (SMALL_AREA, WIDE_ASPECT, canvas_picker, export, initialize_from,
+                                     latent_normalization, load_vae, parse_args, train_transformer)
 
 V1 = Path(__file__).resolve().parent.parent / "assets" / "shapes-flux"
 
