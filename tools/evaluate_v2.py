@@ -350,8 +350,10 @@ def sweep_step_cache(model: Path, per_canvas: int, parts: int, seed: int, thresh
 
 
 def main() -> None:
+    from pipelines.loader import BUILTIN_V2_MODEL_DIR
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=Path(__file__).resolve().parent.parent / "assets" / "shapes-flux-v2",
+    parser.add_argument("--model", type=Path, default=BUILTIN_V2_MODEL_DIR,
                         help="the model's diffusers folder (default: the shipped shapes-flux v2)")
     parser.add_argument("--per-canvas", type=int, default=30, help="full-caption prompts per named canvas")
     parser.add_argument("--parts", type=int, default=96, help="prompts with parts left out")
