@@ -240,3 +240,31 @@ def test_coupled_outlines_pair_the_v2_models_own_noise_with_outlines_of_what_it_
     assert summary["steps"] == 2
     with safe_open(str(tmp_path / "x.safetensors"), "pt") as adapter:
         assert any(key.endswith("lora_A.weight") for key in adapter.keys())
+
+
+def test_whole_layers_trains_the_target_matrices_and_writes_their_change_as_an_adapter_of_the_rank_asked(tmp_path):
+    """tools/train_lora_v2.py --whole-layers: the target layers trained whole, their change cut to
+    --rank; the file holds that rank for every target layer and the v2 model loads it."""
+    pytest.importorskip("peft", reason="tools/train_lora_v2.py adds the adapter with PEFT (pip install -e '.[test]')")
+    from tools.train_lora_v2 import main
+
+    threads = torch.get_num_threads()
+    try:
+        summary = main(["--whole-layers", "--lr", "1e-3", "--steps", "2", "--per-canvas", "2", "--canvases", "3",
+                        "--batch", "2", "--rank", "6", "--threads", "1", "--log-every", "1000",
+                        "--out", str(tmp_path / "x.safetensors")])
+    finally:
+        torch.set_num_threads(threads)
+    assert summary["steps"] == 2
+    with safe_open(str(tmp_path / "x.safetensors"), "pt") as adapter:
+        a_keys = [key for key in adapter.keys() if key.endswith("lora_A.weight")]
+        assert len(a_keys) == 81  # every target layer of the 4 + 8 block transformer
+        assert all(adapter.get_tensor(key).shape[0] == 6 for key in a_keys)
+        assert any(adapter.get_tensor(key).abs().max() > 0 for key in a_keys)  # two steps did change the weights
+    from pipelines.loader import BUILTIN_V2_MODEL_DIR, load_pipeline
+
+    pipe = load_pipeline(str(BUILTIN_V2_MODEL_DIR))
+    pipe.load_lora("outline", tmp_path / "x.safetensors")
+    assert pipe.loras.adapters["outline"].rank == 6 and len(pipe.loras.adapters["outline"].modules) == 81
+    with pytest.raises(SystemExit):
+        main(["--whole-layers", "--rank", "6", "--alpha", "3", "--out", str(tmp_path / "y.safetensors")])

@@ -20,7 +20,10 @@ The recipe of the v1 adapter (tools/train_lora.py, whose helpers it uses) on the
   pictures per canvas that the base model itself draws from stored noise (`couple_outlines`), each
   redrawn as the outline of the shape it shows and trained under that same noise, so the adapter
   is asked only to hollow out the shape the base model was going to draw there, not to pick a
-  layout from pure noise. docs/models.md has what each recipe measured.
+  layout from pure noise.
+- --whole-layers: the same layers trained whole (every weight of every target matrix, at a
+  fine-tune's learning rate), then each layer's change cut to --rank by SVD into the PEFT adapter
+  (tools/lora_extraction.py). docs/models.md has what each recipe measured.
 
     python -m tools.train_lora_v2 --seed 0 --steps 2400 --out assets/loras/shapes-flux-v2/outline.safetensors
 
@@ -40,6 +43,7 @@ from PIL import Image
 
 from tools.builtin_components import TEXT_LENGTH
 from tools.evaluate_v2 import measure, score_seen
+from tools.lora_extraction import cut_adapter, train_whole
 from tools.shapes_world import OUTLINE_THICKNESS_PIXELS
 from tools.shapes_world_v2 import (
     Scene,
@@ -158,7 +162,10 @@ def train(args) -> dict:
         log(f"data: {len(buckets)} canvases x {args.per_canvas} outline scenes, {time.time() - started_all:.0f} s")
 
     transformer = pipe.transformer
-    parameters = with_adapter(transformer, args)
+    if args.whole_layers:
+        parameters, originals = train_whole(transformer, args.target_modules)
+    else:
+        parameters = with_adapter(transformer, args)
     optimizer = torch.optim.AdamW(parameters, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.99))
     generator = torch.Generator().manual_seed(args.seed)
     rng = np.random.default_rng([args.seed, 8])
@@ -191,6 +198,9 @@ def train(args) -> dict:
         return F.mse_loss(velocity, noise - x0), {}
 
     train_adapter(transformer, optimizer, args, state, loss_at)
+    if args.whole_layers:
+        cut_adapter(transformer, originals, args.rank, args.target_modules)
+        parameters = [p for p in transformer.parameters() if p.requires_grad]
     return finish(transformer, args, parameters, state, started_all)
 
 
@@ -203,8 +213,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--coupled", type=int, default=0,
                         help="per canvas, the base model's own pictures as outlines under their noise (0: off)")
     parser.add_argument("--guidance-scale", type=float, default=3.0, help="true CFG of the --coupled pictures")
+    parser.add_argument("--whole-layers", action="store_true",
+                        help="train the adapter's layers whole (try --lr 1e-4), then cut their change to --rank")
     parser.add_argument("--threads", type=int, default=2)
-    return checked(parser, argv)
+    args = checked(parser, argv)
+    if args.whole_layers and args.alpha != args.rank:
+        parser.error("--whole-layers writes lora_alpha = --rank (scaling 1): leave --alpha out")
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict:
