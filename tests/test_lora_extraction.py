@@ -84,9 +84,9 @@ def test_an_adapter_file_recut_to_a_lower_rank_keeps_its_largest_directions_in_t
         for weight in weights:
             weight[:3, :3] += torch.diag(torch.tensor([2.0, 1.0, 1.0]))  # energy 4 + 1 + 1 per layer
     cut_adapter(model, originals, 3, ("to_q",))
+    metadata = {"r": 3, "lora_alpha": 3, "target_modules": ["to_q"]}
     FluxPipeline.save_lora_weights(tmp_path, transformer_lora_layers=get_peft_model_state_dict(model),
-                                   transformer_lora_adapter_metadata={"r": 3, "lora_alpha": 3, "target_modules": ["to_q"]},
-                                   weight_name="big.safetensors")
+                                   transformer_lora_adapter_metadata=metadata, weight_name="big.safetensors")
     summary = recut(tmp_path / "big.safetensors", tmp_path / "small" / "x.safetensors", 1)
     assert summary["kept"] == pytest.approx(4 / 6, abs=1e-6)
     with safe_open(str(tmp_path / "small" / "x.safetensors"), "pt") as small:
