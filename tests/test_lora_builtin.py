@@ -268,3 +268,28 @@ def test_whole_layers_trains_the_target_matrices_and_writes_their_change_as_an_a
     assert pipe.loras.adapters["outline"].rank == 6 and len(pipe.loras.adapters["outline"].modules) == 81
     with pytest.raises(SystemExit):
         main(["--whole-layers", "--rank", "6", "--alpha", "3", "--out", str(tmp_path / "y.safetensors")])
+
+
+def test_thicker_rings_grow_with_the_shape_never_under_4px_and_still_read_as_outlines():
+    """tools/train_lora_v2.py --thickness-share: the ring a share of the shape's side (at least v1's
+    4 px); the evaluator's outline check still reads every such render as an outline."""
+    import numpy as np
+
+    from tools.evaluate_v2 import measure as measure_v2
+    from tools.shapes_world import PALETTE
+    from tools.shapes_world_v2 import random_scene, render_outline
+    from tools.train_lora_v2 import ring_thickness
+
+    assert ring_thickness(20.0, 0.0) == ring_thickness(80.0, 0.0) == ring_thickness(20.0, 0.143) == 4.0
+    assert ring_thickness(84.0, 0.143) == pytest.approx(12.0, abs=0.02)
+    rng = np.random.default_rng(3)
+    scenes = [random_scene(rng, width, height) for width, height in ((48, 48), (64, 64), (128, 128), (128, 72))
+              for _ in range(10)]
+    assert all(measure_v2(render_outline(scene, ring_thickness(scene.side, 0.143))).outlined is True for scene in scenes)
+    big = max(scenes, key=lambda scene: scene.side)
+
+    def ring_pixels(share: float) -> int:
+        pixels = np.asarray(render_outline(big, ring_thickness(big.side, share))).astype(int)
+        return int((np.abs(pixels - np.array(PALETTE[big.background])).sum(axis=-1) > 60).sum())
+
+    assert ring_pixels(0.143) > 1.5 * ring_pixels(0.0)  # the same shape's ring covers more of the canvas

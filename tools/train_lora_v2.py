@@ -70,14 +70,21 @@ DEFAULT_MODEL = Path("assets/shapes-flux-v2")
 DEFAULT_OUT = Path("assets/loras/shapes-flux-v2/outline.safetensors")
 
 
+def ring_thickness(side: float, share: float) -> float:
+    """The ring's width in pixels: `share` of the shape's side, never under v1's 4 px (share 0: 4 px
+    on every shape, as v1's adapter draws)."""
+    return max(OUTLINE_THICKNESS_PIXELS, share * side)
+
+
 @torch.no_grad()
-def encode_outlines(vae, per_canvas: int, seed: int, canvases=CANVASES) -> dict:
+def encode_outlines(vae, per_canvas: int, seed: int, canvases=CANVASES, thickness_share: float = 0.0) -> dict:
     """{(width, height): {"mean", "logvar", "scenes"}}: `per_canvas` outline scenes on each canvas."""
     rng = np.random.default_rng([seed, 7])
     buckets = {}
     for width, height in canvases:
         scenes = [random_scene(rng, width, height) for _ in range(per_canvas)]
-        posterior = vae.encode(to_tensor([render_outline(scene) for scene in scenes])).latent_dist
+        outlines = [render_outline(scene, ring_thickness(scene.side, thickness_share)) for scene in scenes]
+        posterior = vae.encode(to_tensor(outlines)).latent_dist
         buckets[(width, height)] = {"mean": posterior.mean, "logvar": posterior.logvar,
                                     "scenes": [(s.shape, s.color, s.background, s.side, s.cx, s.cy) for s in scenes]}
     return buckets
@@ -158,7 +165,7 @@ def train(args) -> dict:
             raise SystemExit("--coupled: the base model drew no caption right on these canvases; nothing to train on")
         log(f"data: {len(buckets)} canvases, {kept} coupled outlines, {time.time() - started_all:.0f} s")
     else:
-        buckets = encode_outlines(pipe.vae, args.per_canvas, args.seed, canvases)
+        buckets = encode_outlines(pipe.vae, args.per_canvas, args.seed, canvases, args.thickness_share)
         log(f"data: {len(buckets)} canvases x {args.per_canvas} outline scenes, {time.time() - started_all:.0f} s")
 
     transformer = pipe.transformer
@@ -213,6 +220,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--coupled", type=int, default=0,
                         help="per canvas, the base model's own pictures as outlines under their noise (0: off)")
     parser.add_argument("--guidance-scale", type=float, default=3.0, help="true CFG of the --coupled pictures")
+    parser.add_argument("--thickness-share", type=float, default=0.0,
+                        help="ring width as a share of the shape's side, at least 4 px (0: 4 px on every shape)")
     parser.add_argument("--whole-layers", action="store_true",
                         help="train the adapter's layers whole (try --lr 1e-4), then cut their change to --rank")
     parser.add_argument("--threads", type=int, default=2)
