@@ -45,12 +45,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipelines.loader import BUILTIN_MODEL_DIR
 from tools.builtin_components import TEXT_LENGTH
 from tools.shapes_world import OUTLINE_THICKNESS_PIXELS, ShapeSpec, all_specs, caption, example_specs, render_outline
 from tools.train_builtin import image_ids, pack_latents, sample_sigmas, to_tensor, tokenize_all
 from tools.training_loop import Schedule, log, run_steps
 
-DEFAULT_MODEL = Path("assets/shapes-flux")
+DEFAULT_MODEL = BUILTIN_MODEL_DIR  # the loader's own path to it, from any working directory
 DEFAULT_OUT = Path("assets/loras/shapes-flux/outline.safetensors")
 # The adapter's layers: every attention projection of both streams, the feed-forwards and the
 # single blocks' MLP/output projections (PEFT matches these names at the end of a module name).

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from pipelines.loader import BUILTIN_V2_MODEL_DIR
 from tools.builtin_components import TEXT_LENGTH
 from tools.evaluate_v2 import measure, score_seen
 from tools.lora_extraction import cut_adapter, train_whole
@@ -66,7 +67,7 @@ from tools.train_lora import (
 )
 from tools.training_loop import log
 
-DEFAULT_MODEL = Path("assets/shapes-flux-v2")
+DEFAULT_MODEL = BUILTIN_V2_MODEL_DIR  # the loader's own path to it, from any working directory
 DEFAULT_OUT = Path("assets/loras/shapes-flux-v2/outline.safetensors")
 
 
