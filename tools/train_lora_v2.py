@@ -131,10 +131,9 @@ def couple_outlines(pipe, per_canvas: int, seed: int, canvases, guidance: float,
             rings = [i for i, image in enumerate(decoded) if measure(image).outlined is True]
             kept = [kept[i] for i in rings]
         log(f"coupled: {width}x{height}: {len(kept)} of {per_canvas} pictures kept")
-        if not kept:
-            continue
-        buckets[(width, height)] = {"mean": posterior.mean[rings], "logvar": posterior.logvar[rings],
-                                    "noise": noise[kept], "texts": [captions[i][1] for i in kept]}
+        if kept:  # `posterior` and `rings` exist whenever anything is kept
+            buckets[(width, height)] = {"mean": posterior.mean[rings], "logvar": posterior.logvar[rings],
+                                        "noise": noise[kept], "texts": [captions[i][1] for i in kept]}
     return buckets
 
 
