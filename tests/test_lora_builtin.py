@@ -293,3 +293,13 @@ def test_thicker_rings_grow_with_the_shape_never_under_4px_and_still_read_as_out
         return int((np.abs(pixels - np.array(PALETTE[big.background])).sum(axis=-1) > 60).sum())
 
     assert ring_pixels(0.143) > 1.5 * ring_pixels(0.0)  # the same shape's ring covers more of the canvas
+
+
+def test_canvas_picks_the_canvases_trained_on_and_refuses_ones_outside_the_open_world():
+    from tools.train_lora_v2 import parse_args
+
+    assert parse_args(["--canvas", "64x64", "96x64"]).canvas == [(64, 64), (96, 64)]
+    assert parse_args([]).canvas is None  # all 121
+    for bad in ("65x64", "64", "64x200"):
+        with pytest.raises(SystemExit):
+            parse_args(["--canvas", bad])

@@ -55,6 +55,13 @@ def low_rank(change: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 @torch.no_grad()
+def cut(change: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+    """`low_rank`'s (A, B), with the change's energy (squared Frobenius norm) and the part B @ A keeps."""
+    a, b = low_rank(change, rank)
+    return a, b, float(change.double().pow(2).sum()), float((b.double() @ a.double()).pow(2).sum())
+
+
+@torch.no_grad()
 def cut_adapter(model: torch.nn.Module, originals: dict[str, torch.Tensor], rank: int, target_modules) -> dict:
     """Put the base weights back and add a PEFT LoRA adapter (r = lora_alpha = `rank`, scaling 1)
     holding each layer's change at that rank; {"kept": share of the change's energy (squared
@@ -71,12 +78,11 @@ def cut_adapter(model: torch.nn.Module, originals: dict[str, torch.Tensor], rank
     modules = dict(model.named_modules())
     total = kept = 0.0
     for name, change in changes.items():
-        a, b = low_rank(change, rank)
+        a, b, energy, held = cut(change, rank)
         wrapped = modules[name]
         wrapped.lora_A["default"].weight.zero_()[: a.shape[0]].copy_(a)
         wrapped.lora_B["default"].weight.zero_()[:, : b.shape[1]].copy_(b)
-        total += float(change.double().pow(2).sum())
-        kept += float((b.double() @ a.double()).pow(2).sum())
+        total, kept = total + energy, kept + held
     summary = {"kept": kept / total if total else 1.0}
     log(f"cut to rank {rank}: the adapter holds {100 * summary['kept']:.1f}% of the change's energy")
     return summary
@@ -102,11 +108,10 @@ def recut(source: Path, out: Path, rank: int) -> dict:
             continue
         module = key[len("transformer."):-len(".lora_A.weight")]
         change = tensors[f"transformer.{module}.lora_B.weight"].double() @ tensors[key].double()
-        a, b = low_rank(change, rank)
+        a, b, energy, held = cut(change, rank)
         layers[f"{module}.lora_A.weight"] = a.to(tensors[key].dtype).contiguous()
         layers[f"{module}.lora_B.weight"] = b.to(tensors[key].dtype).contiguous()
-        total += float(change.pow(2).sum())
-        kept += float((b.double() @ a.double()).pow(2).sum())
+        total, kept = total + energy, kept + held
     out.parent.mkdir(parents=True, exist_ok=True)
     FluxPipeline.save_lora_weights(out.parent, transformer_lora_layers=layers,
                                    transformer_lora_adapter_metadata={**metadata, "r": rank, "lora_alpha": rank},

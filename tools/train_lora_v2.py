@@ -93,7 +93,7 @@ def encode_outlines(vae, per_canvas: int, seed: int, canvases=CANVASES, thicknes
 
 @torch.no_grad()
 def couple_outlines(pipe, per_canvas: int, seed: int, canvases, guidance: float, steps: int = 20,
-                    chunk: int = 16) -> dict:
+                    chunk: int = 16, thickness_share: float = 0.0) -> dict:
     """{(width, height): {"mean", "logvar", "noise", "texts"}}: on each canvas, the base model's
     pictures from `per_canvas` random captions, each from noise drawn here (the packed initial
     latents, kept), redrawn as the outline of the shape the picture shows. A picture is kept only
@@ -118,7 +118,7 @@ def couple_outlines(pipe, per_canvas: int, seed: int, canvases, guidance: float,
         noise = torch.cat(noises)
         kept, outlines = [], []
         for index, (scene, (named, _), image) in enumerate(zip(asked, captions, images)):
-            outline = outline_of_drawn(scene, named, image)
+            outline = outline_of_drawn(scene, named, image, thickness_share)
             if outline is not None:
                 kept.append(index)
                 outlines.append(outline)
@@ -137,7 +137,7 @@ def couple_outlines(pipe, per_canvas: int, seed: int, canvases, guidance: float,
     return buckets
 
 
-def outline_of_drawn(scene: Scene, named, image) -> Image.Image | None:
+def outline_of_drawn(scene: Scene, named, image, thickness_share: float = 0.0) -> Image.Image | None:
     """The outline of what `image` (the base model's drawing of `scene`'s caption) shows, or None
     where it misses a part the caption names."""
     seen = measure(image)
@@ -151,15 +151,17 @@ def outline_of_drawn(scene: Scene, named, image) -> Image.Image | None:
                       max(right - left, bottom - top), (left + right) / 2.0, (top + bottom) / 2.0)
     except ValueError:  # the shape drawn in the background's colour: nothing to outline
         return None
-    return render_outline(drawn, box=seen.box)
+    return render_outline(drawn, ring_thickness(drawn.side, thickness_share), box=seen.box)
 
 
 def train(args) -> dict:
     started_all = time.time()
     pipe, shift, scale = frozen_pipeline(args)
-    canvases = CANVASES if args.canvases is None else CANVASES[:: max(1, len(CANVASES) // args.canvases)]
+    canvases = (args.canvas if args.canvas is not None else CANVASES if args.canvases is None
+                else CANVASES[:: max(1, len(CANVASES) // args.canvases)])
     if args.coupled:
-        buckets = couple_outlines(pipe, args.coupled, args.seed, canvases, args.guidance_scale)
+        buckets = couple_outlines(pipe, args.coupled, args.seed, canvases, args.guidance_scale,
+                                  thickness_share=args.thickness_share)
         kept = sum(len(bucket["texts"]) for bucket in buckets.values())
         if not kept:
             raise SystemExit("--coupled: the base model drew no caption right on these canvases; nothing to train on")
@@ -211,10 +213,23 @@ def train(args) -> dict:
     return finish(transformer, args, parameters, state, started_all)
 
 
+def canvas_size(text: str) -> tuple[int, int]:
+    """'64x64' -> (64, 64), one of the open world's canvases."""
+    try:
+        width, height = (int(value) for value in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a canvas is WIDTHxHEIGHT, e.g. 64x64") from None
+    if (width, height) not in CANVASES:
+        raise argparse.ArgumentTypeError(f"{text}: not a canvas of the open shapes world (multiples of 8, 48 to 128)")
+    return width, height
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = shared_arguments(__doc__, DEFAULT_MODEL, DEFAULT_OUT, steps=2400)
     parser.add_argument("--per-canvas", type=int, default=40, help="outline scenes per canvas")
     parser.add_argument("--canvases", type=int, default=None, help="train on about this many canvases (smoke tests)")
+    parser.add_argument("--canvas", type=canvas_size, nargs="+", default=None, metavar="WxH",
+                        help="train on these canvases only (e.g. 64x64), instead of all 121")
     parser.add_argument("--sigma-offset", type=float, default=0.5,
                         help="added to the schedule's shift for the noise level's logit-normal mean")
     parser.add_argument("--coupled", type=int, default=0,
