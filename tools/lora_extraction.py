@@ -93,8 +93,9 @@ def recut(source: Path, out: Path, rank: int) -> dict:
     same format; {"kept": share of the adapter's energy kept}."""
     import json
 
-    from diffusers import FluxPipeline
     from safetensors import safe_open
+
+    from tools.train_lora import write_adapter
 
     with safe_open(str(source), "pt") as adapter:
         stored = json.loads(adapter.metadata()["lora_adapter_metadata"])  # {"transformer.r": ..., ...}
@@ -112,10 +113,7 @@ def recut(source: Path, out: Path, rank: int) -> dict:
         layers[f"{module}.lora_A.weight"] = a.to(tensors[key].dtype).contiguous()
         layers[f"{module}.lora_B.weight"] = b.to(tensors[key].dtype).contiguous()
         total, kept = total + energy, kept + held
-    out.parent.mkdir(parents=True, exist_ok=True)
-    FluxPipeline.save_lora_weights(out.parent, transformer_lora_layers=layers,
-                                   transformer_lora_adapter_metadata={**metadata, "r": rank, "lora_alpha": rank},
-                                   weight_name=out.name)
+    write_adapter(layers, {**metadata, "r": rank, "lora_alpha": rank}, out)
     return {"kept": kept / total if total else 1.0}
 
 

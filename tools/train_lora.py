@@ -113,14 +113,21 @@ def lora_metadata(args) -> dict:
 def save_adapter(transformer, args, path: Path) -> None:
     """The PEFT adapter's weights (`transformer.<module>.lora_A/B.weight`) and its LoraConfig as
     metadata, in the file diffusers' FluxPipeline.save_lora_weights writes."""
-    from diffusers import FluxPipeline
     from peft.utils import get_peft_model_state_dict
 
     layers = {key: value.detach().to(getattr(torch, args.dtype)).contiguous()
               for key, value in get_peft_model_state_dict(transformer).items()}
+    write_adapter(layers, lora_metadata(args), path)
+
+
+def write_adapter(layers: dict[str, torch.Tensor], metadata: dict, path: Path) -> None:
+    """`layers` (`<module>.lora_A/B.weight`) and their LoraConfig as the file diffusers'
+    FluxPipeline.save_lora_weights writes, at `path`."""
+    from diffusers import FluxPipeline
+
     path.parent.mkdir(parents=True, exist_ok=True)
     FluxPipeline.save_lora_weights(path.parent, transformer_lora_layers=layers,
-                                   transformer_lora_adapter_metadata=lora_metadata(args), weight_name=path.name)
+                                   transformer_lora_adapter_metadata=metadata, weight_name=path.name)
 
 
 def frozen_pipeline(args):

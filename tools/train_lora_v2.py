@@ -48,6 +48,7 @@ from tools.lora_extraction import cut_adapter, train_whole
 from tools.shapes_world import OUTLINE_THICKNESS_PIXELS
 from tools.shapes_world_v2 import (
     Scene,
+    check_canvas,
     random_caption,
     random_named_caption,
     random_scene,
@@ -219,8 +220,10 @@ def canvas_size(text: str) -> tuple[int, int]:
         width, height = (int(value) for value in text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: a canvas is WIDTHxHEIGHT, e.g. 64x64") from None
-    if (width, height) not in CANVASES:
-        raise argparse.ArgumentTypeError(f"{text}: not a canvas of the open shapes world (multiples of 8, 48 to 128)")
+    try:
+        check_canvas(width, height)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text}: {error}") from None
     return width, height
 
 
