@@ -96,6 +96,10 @@ def test_the_simple_tabs_picker_writes_the_tag_and_the_result_is_outlined(page, 
     page.get_by_role("tab", name="Simple").click()
     page.wait_for_selector("#ss-generate")
     page.fill("#ss-prompt textarea", PROMPT)
+    # A fixed seed: the adapter outlines 94% of held-out prompts, so a random seed fails now and then.
+    # Seeds 0-23 of this prompt all come out outlined (measured with tools.evaluate_builtin).
+    page.uncheck("#ss-random-seed input")
+    page.fill("#ss-seed input", "5")
     page.click("#ss-lora input")
     page.get_by_role("option", name="outline").click()
     page.wait_for_function("() => document.querySelector('#ss-prompt textarea').value.endsWith('<lora:outline:1>')")
@@ -105,5 +109,6 @@ def test_the_simple_tabs_picker_writes_the_tag_and_the_result_is_outlined(page, 
     shot(page, "browser-simple-lora")
     [params] = submitted
     assert params.prompt == PROMPT and [(u.name, u.scale) for u in params.loras] == [("outline", 1.0)]
+    assert params.seed == 5
     picture = fetched_picture(page, studio[0].url, page.get_attribute("#ss-result img", "src"))
     assert centre_colour(picture) == "blue"
