@@ -14,12 +14,16 @@ IN_A_WORKER = "PYTEST_XDIST_WORKER" in os.environ
 torch.set_num_threads(1 if IN_A_WORKER else max(1, min(2, os.cpu_count() or 1)))
 
 # The files that take longest (docs/testing.md, "Where its time goes"), started first so that no
-# worker is still on one of them long after the others have run out of work.
+# worker is still on one of them long after the others have run out of work. xdist keeps this order
+# only with --no-loadscope-reorder (pyproject's addopts): by default it starts the files with the
+# most tests first, which left the one-test 80 s stress run and Ray's 3-minute start to the end.
 LONGEST_FIRST = (
-    "test_studio_browser.py", "test_serve_replicas.py", "test_durable_restart.py", "test_node_editor_browser.py",
-    "test_readme_examples.py", "test_durable_workflows.py", "test_flux_packing.py", "test_gpu_check.py",
-    "test_reliability_app.py", "test_serving_benchmark.py", "test_step_cache.py", "test_workflow_client.py",
-    "test_readme_claims.py", "test_stress.py", "test_lora_parity.py", "test_workflow_grid_benchmark.py",
+    "test_serve_replicas.py", "test_studio_browser.py", "test_durable_restart.py", "test_durable_workflows.py",
+    "test_node_editor_browser.py", "test_gpu_check.py", "test_stress.py", "test_builtin_v2_scores.py",
+    "test_reliability_app.py", "test_app_cli.py", "test_readme_examples.py", "test_serving_benchmark.py",
+    "test_durable_page.py", "test_video_v2_checkpoint.py", "test_workflow_grid_benchmark.py", "test_quiet_start.py",
+    "test_readme_claims.py", "test_flux_packing.py", "test_step_cache.py", "test_workflow_client.py",
+    "test_lora_parity.py",
 )
 
 

@@ -185,7 +185,7 @@ def test_train_lora_v2_smoke_run_writes_a_file_the_v2_model_loads(tmp_path):
 
     threads = torch.get_num_threads()
     argv = ["--steps", "2", "--per-canvas", "2", "--canvases", "3", "--batch", "2", "--rank", "4", "--threads", "1",
-            "--log-every", "1000"]
+            "--log-every", "1000", "--switch-sigma", "0.6"]  # the bent path's data too (filled and ring latents)
     try:
         first = main(argv + ["--out", str(tmp_path / "a" / "x.safetensors")])
         second = main(argv + ["--out", str(tmp_path / "b" / "x.safetensors")])
@@ -303,3 +303,41 @@ def test_canvas_picks_the_canvases_trained_on_and_refuses_ones_outside_the_open_
     for bad in ("65x64", "64", "64x200"):
         with pytest.raises(SystemExit):
             parse_args(["--canvas", bad])
+
+
+def test_the_switched_path_is_the_base_models_above_the_switch_and_ends_on_the_ring_below_it():
+    from tools.train_lora_v2 import parse_args, switched_path
+
+    generator = torch.Generator().manual_seed(0)
+    filled, ring, noise = (torch.randn(5, 16, 8, generator=generator) for _ in range(3))
+    sigma = torch.tensor([0.9, 0.6, 0.599, 0.3, 0.0])
+    x_t, target = switched_path(filled, ring, noise, sigma, 0.6)
+    # Above (and at) the switch: the base model's own training path and target.
+    for row in (0, 1):
+        assert torch.allclose(x_t[row], (1 - sigma[row]) * filled[row] + sigma[row] * noise[row])
+        assert torch.equal(target[row], noise[row] - filled[row])
+    # Below: a straight line from the noisy filled scene at the switch down to the ring.
+    at_switch = 0.4 * filled + 0.6 * noise
+    assert torch.allclose(x_t[4], ring[4])
+    assert torch.allclose(x_t[3], ring[3] + 0.5 * (at_switch[3] - ring[3]))
+    assert torch.allclose(x_t[2] - 0.599 * target[2], ring[2], atol=1e-5)  # an Euler step to 0 lands on the ring
+    assert torch.allclose(x_t[2], at_switch[2], atol=0.01)  # continuous at the switch (the gap: 0.2% of ring to noise)
+    assert parse_args(["--switch-sigma", "0.6"]).switch_sigma == 0.6
+    for bad in (["--switch-sigma", "1.0"], ["--switch-sigma", "0.5", "--coupled", "4"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+
+
+def test_layout_settling_reports_every_other_step_and_the_last_prediction_is_the_finished_picture():
+    from diffusers import FluxPipeline
+
+    from pipelines.loader import BUILTIN_V2_MODEL_DIR
+    from tools.layout_settling import settling
+
+    pipe = FluxPipeline.from_pretrained(BUILTIN_V2_MODEL_DIR)
+    pipe.set_progress_bar_config(disable=True)
+    rows = settling(pipe, 48, 48, pictures=3, seed=5, steps=6, guidance=3.0)
+    assert [row["step"] for row in rows] == [0, 2, 4]
+    assert rows[0]["sigma"] == 1.0 and rows[0]["sigma"] > rows[1]["sigma"] > rows[2]["sigma"] > 0
+    assert all(0.0 <= row["within_4px"] <= row["within_8px"] <= 1.0 for row in rows)
+    assert rows[-1]["within_4px"] == 1.0  # two steps from the end the shape is where it ends

@@ -21,6 +21,9 @@ The recipe of the v1 adapter (tools/train_lora.py, whose helpers it uses) on the
   redrawn as the outline of the shape it shows and trained under that same noise, so the adapter
   is asked only to hollow out the shape the base model was going to draw there, not to pick a
   layout from pure noise.
+- --switch-sigma T: the path bends at noise level T. Above it, filled scenes on the base model's
+  own straight path (so the adapter keeps the base model's layout choice from the noise); below it,
+  a straight path from that noisy filled scene at T to its ring (`switched_path`).
 - --whole-layers: the same layers trained whole (every weight of every target matrix, at a
   fine-tune's learning rate), then each layer's change cut to --rank by SVD into the PEFT adapter
   (tools/lora_extraction.py). docs/models.md has what each recipe measured.
@@ -52,6 +55,7 @@ from tools.shapes_world_v2 import (
     random_caption,
     random_named_caption,
     random_scene,
+    render,
     render_outline,
 )
 from tools.train_builtin import image_ids, pack_latents, to_tensor
@@ -79,8 +83,10 @@ def ring_thickness(side: float, share: float) -> float:
 
 
 @torch.no_grad()
-def encode_outlines(vae, per_canvas: int, seed: int, canvases=CANVASES, thickness_share: float = 0.0) -> dict:
-    """{(width, height): {"mean", "logvar", "scenes"}}: `per_canvas` outline scenes on each canvas."""
+def encode_outlines(vae, per_canvas: int, seed: int, canvases=CANVASES, thickness_share: float = 0.0,
+                    filled: bool = False) -> dict:
+    """{(width, height): {"mean", "logvar", "scenes"}}: `per_canvas` outline scenes on each canvas;
+    with `filled`, also each scene drawn filled ("filled_mean", "filled_logvar"), for --switch-sigma."""
     rng = np.random.default_rng([seed, 7])
     buckets = {}
     for width, height in canvases:
@@ -89,7 +95,26 @@ def encode_outlines(vae, per_canvas: int, seed: int, canvases=CANVASES, thicknes
         posterior = vae.encode(to_tensor(outlines)).latent_dist
         buckets[(width, height)] = {"mean": posterior.mean, "logvar": posterior.logvar,
                                     "scenes": [(s.shape, s.color, s.background, s.side, s.cx, s.cy) for s in scenes]}
+        if filled:
+            drawn = vae.encode(to_tensor([render(scene) for scene in scenes])).latent_dist
+            buckets[(width, height)].update(filled_mean=drawn.mean, filled_logvar=drawn.logvar)
     return buckets
+
+
+def switched_path(filled: torch.Tensor, ring: torch.Tensor, noise: torch.Tensor, sigma: torch.Tensor,
+                  switch: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x_t, velocity target) on a path that bends at noise level `switch`: above it, the base
+    model's own straight path from the filled shape to the noise (the adapter learns to change
+    nothing there, so the base model picks the layout from the noise as it always does); below it,
+    a straight path from that noisy filled shape at `switch` to the ring, so the adapter only
+    hollows out a shape whose place, size and colours are already in the latent, instead of
+    averaging rings over every place still possible (docs/models.md)."""
+    s = sigma[:, None, None]
+    above = (1.0 - s) * filled + s * noise, noise - filled
+    at_switch = (1.0 - switch) * filled + switch * noise
+    below = ring + (s / switch) * (at_switch - ring), (at_switch - ring) / switch
+    high = (sigma >= switch)[:, None, None]
+    return torch.where(high, above[0], below[0]), torch.where(high, above[1], below[1])
 
 
 @torch.no_grad()
@@ -168,7 +193,8 @@ def train(args) -> dict:
             raise SystemExit("--coupled: the base model drew no caption right on these canvases; nothing to train on")
         log(f"data: {len(buckets)} canvases, {kept} coupled outlines, {time.time() - started_all:.0f} s")
     else:
-        buckets = encode_outlines(pipe.vae, args.per_canvas, args.seed, canvases, args.thickness_share)
+        buckets = encode_outlines(pipe.vae, args.per_canvas, args.seed, canvases, args.thickness_share,
+                                  filled=args.switch_sigma > 0)
         log(f"data: {len(buckets)} canvases x {args.per_canvas} outline scenes, {time.time() - started_all:.0f} s")
 
     transformer = pipe.transformer
@@ -187,8 +213,12 @@ def train(args) -> dict:
         width, height = keys[int(torch.randint(len(keys), (1,), generator=generator))]
         bucket = buckets[(width, height)]
         rows = torch.randint(len(bucket["mean"]), (args.batch,), generator=generator)
-        std = (0.5 * bucket["logvar"][rows]).exp()
-        x0 = pack_latents((bucket["mean"][rows] + std * torch.randn(std.shape, generator=generator) - shift) * scale)
+        def sampled(prefix: str) -> torch.Tensor:  # a fresh sample of each row's VAE posterior, packed
+            std = (0.5 * bucket[f"{prefix}logvar"][rows]).exp()
+            mean = bucket[f"{prefix}mean"][rows]
+            return pack_latents((mean + std * torch.randn(std.shape, generator=generator) - shift) * scale)
+
+        x0 = sampled("")
         if args.coupled:  # each row's own caption and noise; empty captions under fresh noise
             texts = ["" if rng.random() < args.empty_caption_rate else bucket["texts"][int(row)] for row in rows]
         else:
@@ -201,11 +231,14 @@ def train(args) -> dict:
         if args.coupled:
             coupled = torch.tensor([text != "" for text in texts])
             noise[coupled] = bucket["noise"][rows][coupled]
-        x_t = (1.0 - sigma[:, None, None]) * x0 + sigma[:, None, None] * noise
+        if args.switch_sigma:
+            x_t, target = switched_path(sampled("filled_"), x0, noise, sigma, args.switch_sigma)
+        else:
+            x_t, target = (1.0 - sigma[:, None, None]) * x0 + sigma[:, None, None] * noise, noise - x0
         velocity = transformer(hidden_states=x_t, timestep=sigma, pooled_projections=pooled,
                                encoder_hidden_states=sequence, txt_ids=txt_ids,
                                img_ids=image_ids(height // 4, width // 4), return_dict=False)[0]
-        return F.mse_loss(velocity, noise - x0), {}
+        return F.mse_loss(velocity, target), {}
 
     train_adapter(transformer, optimizer, args, state, loss_at)
     if args.whole_layers:
@@ -240,12 +273,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--guidance-scale", type=float, default=3.0, help="true CFG of the --coupled pictures")
     parser.add_argument("--thickness-share", type=float, default=0.0,
                         help="ring width as a share of the shape's side, at least 4 px (0: 4 px on every shape)")
+    parser.add_argument("--switch-sigma", type=float, default=0.0,
+                        help="bend the training path at this noise level: above it the base model's filled "
+                             "shapes (layout from the noise), below it straight on to the ring (0: off)")
     parser.add_argument("--whole-layers", action="store_true",
                         help="train the adapter's layers whole (try --lr 1e-4), then cut their change to --rank")
     parser.add_argument("--threads", type=int, default=2)
     args = checked(parser, argv)
     if args.whole_layers and args.alpha != args.rank:
         parser.error("--whole-layers writes lora_alpha = --rank (scaling 1): leave --alpha out")
+    if not 0.0 <= args.switch_sigma < 1.0:
+        parser.error("--switch-sigma is a noise level in [0, 1)")
+    if args.switch_sigma and args.coupled:
+        parser.error("--switch-sigma bends the path of drawn scenes; --coupled pictures keep their own noise")
     return args
 
 
