@@ -213,6 +213,7 @@ def train(args) -> dict:
         width, height = keys[int(torch.randint(len(keys), (1,), generator=generator))]
         bucket = buckets[(width, height)]
         rows = torch.randint(len(bucket["mean"]), (args.batch,), generator=generator)
+
         def sampled(prefix: str) -> torch.Tensor:  # a fresh sample of each row's VAE posterior, packed
             std = (0.5 * bucket[f"{prefix}logvar"][rows]).exp()
             mean = bucket[f"{prefix}mean"][rows]
