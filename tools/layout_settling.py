@@ -24,14 +24,6 @@ from tools.train_lora_v2 import canvas_size
 MISSED = 99.0  # the distance counted when a prediction shows no shape at all
 
 
-def centre(image) -> tuple[float, float] | None:
-    box = measure(image).box
-    if box is None:
-        return None
-    left, top, right, bottom = box
-    return (left + right) / 2.0, (top + bottom) / 2.0
-
-
 def settling(pipe, width: int, height: int, pictures: int, seed: int, steps: int, guidance: float) -> list[dict]:
     """One row per even step: its noise level and how far the predictions' centres are from the end's."""
     rng = np.random.default_rng(seed)
@@ -49,7 +41,7 @@ def settling(pipe, width: int, height: int, pictures: int, seed: int, steps: int
                     width=width, num_inference_steps=steps, max_sequence_length=TEXT_LENGTH, latents=start.clone(),
                     callback_on_step_end=keep_latents).images
     sigmas = pipe.scheduler.sigmas.tolist()
-    ends = [centre(image) for image in finished]
+    ends = [measure(image).centre for image in finished]
     vae = pipe.vae
     rows = []
     for step in range(0, steps, 2):
@@ -62,7 +54,7 @@ def settling(pipe, width: int, height: int, pictures: int, seed: int, steps: int
         for image, end in zip(pipe.image_processor.postprocess(decoded), ends):
             if end is None:  # the finished picture shows no shape: nothing to settle on
                 continue
-            seen = centre(image)
+            seen = measure(image).centre
             distances.append(MISSED if seen is None else float(np.hypot(seen[0] - end[0], seen[1] - end[1])))
         distances = np.array(distances)
         rows.append({"step": step, "sigma": sigmas[step], "within_4px": float(np.mean(distances <= 4)),
