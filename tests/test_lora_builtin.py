@@ -194,6 +194,20 @@ def test_train_lora_v2_smoke_run_writes_a_file_the_v2_model_loads(tmp_path):
     assert first["steps"] == second["steps"] == 2
     with safe_open(str(tmp_path / "a" / "x.safetensors"), "pt") as a, safe_open(str(tmp_path / "b" / "x.safetensors"), "pt") as b:
         assert sorted(a.keys()) == sorted(b.keys()) and all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys())
+    # --init continues from a file: one step at learning rate 0 writes the file it started from back
+    # (B is non-zero there, so an adapter started from zero would not match); another rank is refused.
+    with safe_open(str(tmp_path / "a" / "x.safetensors"), "pt") as a:
+        started = {key: a.get_tensor(key) for key in a.keys()}
+    assert any(key.endswith("lora_B.weight") and value.abs().max() > 0 for key, value in started.items())
+    frozen = argv[:1] + ["1"] + argv[2:] + ["--lr", "0", "--init", str(tmp_path / "a" / "x.safetensors")]
+    try:
+        main(frozen + ["--out", str(tmp_path / "c" / "x.safetensors")])
+        with pytest.raises(SystemExit, match="its layers differ"):
+            main([*frozen, "--rank", "8", "--out", str(tmp_path / "d" / "x.safetensors")])
+    finally:
+        torch.set_num_threads(threads)
+    with safe_open(str(tmp_path / "c" / "x.safetensors"), "pt") as c:
+        assert sorted(c.keys()) == sorted(started) and all(torch.equal(c.get_tensor(k), started[k]) for k in started)
     from pipelines.loader import BUILTIN_V2_MODEL_DIR
     from tools.evaluate_v2 import canvas_cases, engine_for, outline_table, text_cases
 

@@ -148,9 +148,28 @@ def with_adapter(transformer, args) -> list:
     transformer.add_adapter(LoraConfig(r=args.rank, lora_alpha=args.alpha, target_modules=list(args.target_modules),
                                        lora_dropout=0.0, init_lora_weights=True))
     parameters = [p for p in transformer.parameters() if p.requires_grad]
+    if getattr(args, "init", None) is not None:
+        load_initial_adapter(transformer, args.init)
     log(f"lora: rank {args.rank}, alpha {args.alpha}, {sum(p.numel() for p in parameters):,} parameters "
-        f"in {len(parameters) // 2} layers")
+        f"in {len(parameters) // 2} layers" + (f", from {args.init}" if getattr(args, "init", None) else ""))
     return parameters
+
+
+def load_initial_adapter(transformer, path: Path) -> None:
+    """Copy a saved adapter's weights (the file `save_adapter` writes) into the freshly added one,
+    so a run continues an earlier run's adapter (its optimizer state starts afresh). Every layer
+    must match in name and shape: a different rank or target list is refused."""
+    from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    saved = {key.removeprefix("transformer."): value for key, value in load_file(path).items()}
+    expected = get_peft_model_state_dict(transformer)
+    shapes = {key: tuple(value.shape) for key, value in saved.items()}
+    wanted = {key: tuple(value.shape) for key, value in expected.items()}
+    if shapes != wanted:
+        differing = sorted(set(shapes.items()) ^ set(wanted.items()))[:3]
+        raise SystemExit(f"--init {path}: its layers differ from this run's adapter (rank or targets), e.g. {differing}")
+    set_peft_model_state_dict(transformer, {key: value.float() for key, value in saved.items()})
 
 
 def train_adapter(transformer, optimizer, args, state: dict, loss_at, after_step=None) -> None:
@@ -239,6 +258,8 @@ def shared_arguments(description: str, model: Path, out: Path, steps: int) -> ar
     parser.add_argument("--sigma-std", type=float, default=1.0)
     parser.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="of the saved weights")
     parser.add_argument("--log-every", type=int, default=100)
+    parser.add_argument("--init", type=Path, default=None,
+                        help="start from this adapter file's weights (same --rank and targets) instead of zero")
     return parser
 
 
