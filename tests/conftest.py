@@ -23,7 +23,7 @@ LONGEST_FIRST = (
     "test_reliability_app.py", "test_app_cli.py", "test_readme_examples.py", "test_serving_benchmark.py",
     "test_durable_page.py", "test_video_v2_checkpoint.py", "test_workflow_grid_benchmark.py", "test_quiet_start.py",
     "test_readme_claims.py", "test_flux_packing.py", "test_step_cache.py", "test_workflow_client.py",
-    "test_lora_parity.py",
+    "test_lora_parity.py", "test_outline_v2.py",
 )
 
 
