@@ -24,6 +24,8 @@ The recipe of the v1 adapter (tools/train_lora.py, whose helpers it uses) on the
 - --switch-sigma T: the path bends at noise level T. Above it, filled scenes on the base model's
   own straight path (so the adapter keeps the base model's layout choice from the noise); below it,
   a straight path from that noisy filled scene at T to its ring (`switched_path`).
+- --init FILE: start from a saved adapter (same rank and targets) and train on; the shipped adapter
+  is one bent-path run continued this way (its card, assets/loras/shapes-flux-v2/README.md).
 - --whole-layers: the same layers trained whole (every weight of every target matrix, at a
   fine-tune's learning rate), then each layer's change cut to --rank by SVD into the PEFT adapter
   (tools/lora_extraction.py). docs/models.md has what each recipe measured.
