@@ -337,7 +337,8 @@ def test_the_switched_path_is_the_base_models_above_the_switch_and_ends_on_the_r
     assert torch.allclose(x_t[2] - 0.599 * target[2], ring[2], atol=1e-5)  # an Euler step to 0 lands on the ring
     assert torch.allclose(x_t[2], at_switch[2], atol=0.01)  # continuous at the switch (the gap: 0.2% of ring to noise)
     assert parse_args(["--switch-sigma", "0.6"]).switch_sigma == 0.6
-    for bad in (["--switch-sigma", "1.0"], ["--switch-sigma", "0.5", "--coupled", "4"]):
+    for bad in (["--switch-sigma", "1.0"], ["--switch-sigma", "0.5", "--coupled", "4"],
+                ["--whole-layers", "--init", "x.safetensors"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
 

@@ -148,10 +148,10 @@ def with_adapter(transformer, args) -> list:
     transformer.add_adapter(LoraConfig(r=args.rank, lora_alpha=args.alpha, target_modules=list(args.target_modules),
                                        lora_dropout=0.0, init_lora_weights=True))
     parameters = [p for p in transformer.parameters() if p.requires_grad]
-    if getattr(args, "init", None) is not None:
+    if args.init is not None:
         load_initial_adapter(transformer, args.init)
     log(f"lora: rank {args.rank}, alpha {args.alpha}, {sum(p.numel() for p in parameters):,} parameters "
-        f"in {len(parameters) // 2} layers" + (f", from {args.init}" if getattr(args, "init", None) else ""))
+        f"in {len(parameters) // 2} layers" + (f", from {args.init}" if args.init is not None else ""))
     return parameters
 
 

@@ -285,6 +285,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = checked(parser, argv)
     if args.whole_layers and args.alpha != args.rank:
         parser.error("--whole-layers writes lora_alpha = --rank (scaling 1): leave --alpha out")
+    if args.whole_layers and args.init is not None:
+        parser.error("--init continues an adapter; --whole-layers trains the layers whole and writes a new one")
     if not 0.0 <= args.switch_sigma < 1.0:
         parser.error("--switch-sigma is a noise level in [0, 1)")
     if args.switch_sigma and args.coupled:
